@@ -1,0 +1,149 @@
+"""The one error hierarchy of logstore.
+
+Leaves are named exactly as the spec's MemoryError variants, so that the server can map them to MCP
+tool errors by ``.code`` in one place. ``.retryable`` is True only for Unavailable, Timeout and Io.
+
+    LogstoreError                      (base; never raised itself)
+    ├── InvalidArgument                permanent: count > 1000, non-object item, bad offset, bad site...
+    │   └── InvalidCursor              permanent: malformed or tampered list cursor
+    ├── InvalidConversationId          permanent; .reason: TooShort | TooLong | InvalidCharacters
+    ├── EmptyBatch                     permanent
+    ├── PayloadTooLarge                permanent; .index, .size
+    ├── BatchTooLarge                  permanent; .size
+    ├── ConversationFull               permanent; .stored, .requested
+    ├── Corrupted                      permanent; .path, .offset (byte offset of the bad frame)
+    ├── Unavailable                    retryable: store closed, handle poisoned and not yet reopened
+    ├── Timeout                        retryable: conversation lock not acquired within lock_timeout
+    └── Io                             retryable: a write, fsync, read or rename failed (.errno)
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "LogstoreError",
+    "InvalidArgument",
+    "InvalidCursor",
+    "InvalidConversationId",
+    "EmptyBatch",
+    "PayloadTooLarge",
+    "BatchTooLarge",
+    "ConversationFull",
+    "Corrupted",
+    "Unavailable",
+    "Timeout",
+    "Io",
+]
+
+
+class LogstoreError(Exception):
+    """Base of every error logstore raises on purpose."""
+
+    code: str = "LogstoreError"
+    retryable: bool = False
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def details(self) -> dict[str, object]:
+        """Structured, client-safe fields beyond code/message/retryable (for the MCP error body)."""
+        return {}
+
+
+class InvalidArgument(LogstoreError):
+    code = "InvalidArgument"
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+    def details(self) -> dict[str, object]:
+        return {"field": self.field} if self.field else {}
+
+
+class InvalidCursor(InvalidArgument):
+    code = "InvalidCursor"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, field="cursor")
+
+
+class InvalidConversationId(LogstoreError):
+    code = "InvalidConversationId"
+    REASONS = ("TooShort", "TooLong", "InvalidCharacters")
+
+    def __init__(self, reason: str, message: str) -> None:
+        assert reason in self.REASONS, reason
+        super().__init__(message)
+        self.reason = reason
+
+    def details(self) -> dict[str, object]:
+        return {"reason": self.reason}
+
+
+class EmptyBatch(LogstoreError):
+    code = "EmptyBatch"
+
+
+class PayloadTooLarge(LogstoreError):
+    code = "PayloadTooLarge"
+
+    def __init__(self, message: str, *, index: int, size: int, limit: int) -> None:
+        super().__init__(message)
+        self.index, self.size, self.limit = index, size, limit
+
+    def details(self) -> dict[str, object]:
+        return {"index": self.index, "size": self.size, "limit": self.limit}
+
+
+class BatchTooLarge(LogstoreError):
+    code = "BatchTooLarge"
+
+    def __init__(self, message: str, *, size: int, limit: int) -> None:
+        super().__init__(message)
+        self.size, self.limit = size, limit
+
+    def details(self) -> dict[str, object]:
+        return {"size": self.size, "limit": self.limit}
+
+
+class ConversationFull(LogstoreError):
+    code = "ConversationFull"
+
+    def __init__(self, message: str, *, stored: int, requested: int, limit: int) -> None:
+        super().__init__(message)
+        self.stored, self.requested, self.limit = stored, requested, limit
+
+    def details(self) -> dict[str, object]:
+        return {"stored": self.stored, "requested": self.requested, "limit": self.limit}
+
+
+class Corrupted(LogstoreError):
+    code = "Corrupted"
+
+    def __init__(self, message: str, *, path: str, offset: int) -> None:
+        super().__init__(message)
+        self.path, self.offset = path, offset
+
+    def details(self) -> dict[str, object]:
+        # The file name is operator information; the offset is what the spec promises clients.
+        return {"offset": self.offset}
+
+
+class Unavailable(LogstoreError):
+    code = "Unavailable"
+    retryable = True
+
+
+class Timeout(LogstoreError):
+    code = "Timeout"
+    retryable = True
+
+
+class Io(LogstoreError):
+    code = "Io"
+    retryable = True
+
+    def __init__(self, message: str, *, errno: int | None = None) -> None:
+        super().__init__(message)
+        self.errno = errno

@@ -1,0 +1,143 @@
+"""The single seam between logstore and the operating system's file API.
+
+Rules:
+- Every engine call that creates, writes, syncs, renames, truncates or removes a file goes through a
+  ``FileOps`` instance (``Store(..., file_ops=...)``). The torture suite swaps in a fault-injecting or
+  power-loss-simulating subclass; the engine itself has no fault-injection branches.
+- Log files are written with ``pwrite`` at offsets the engine tracks; they are never opened O_APPEND.
+  The manifest journal is the one file opened O_APPEND (many processes append small records to it) and it
+  is only ever written with ``append`` (plain ``write``). One model per file, never mixed.
+- ``OSError`` propagates; mapping to ``logstore.errors.Io`` happens in the engine, where the handle that
+  saw the failure can be poisoned.
+"""
+
+from __future__ import annotations
+
+import errno as errno_mod
+import os
+
+__all__ = ["FileOps", "OS_FILE_OPS"]
+
+
+class FileOps:
+    """Thin, overridable wrappers over ``os``. Methods take and return plain fds and bytes."""
+
+    # --- descriptors -------------------------------------------------------------------------------
+    def open(self, path: str, flags: int, mode: int = 0o644) -> int:
+        return os.open(path, flags | os.O_CLOEXEC, mode)
+
+    def close(self, fd: int) -> None:
+        os.close(fd)
+
+    # --- data --------------------------------------------------------------------------------------
+    def pwrite(self, fd: int, data: bytes | memoryview, offset: int) -> None:
+        """Write all of ``data`` at ``offset`` (short writes are continued; ENOSPC surfaces)."""
+        view = memoryview(data)
+        while view:
+            written = os.pwrite(fd, view, offset)
+            if written <= 0:  # pragma: no cover - a zero-byte write of non-empty data means a full disk
+                raise OSError(errno_mod.ENOSPC, "short write")
+            view = view[written:]
+            offset += written
+
+    def append(self, fd: int, data: bytes) -> None:
+        """Append to an O_APPEND descriptor in one ``write`` (small records stay contiguous)."""
+        written = os.write(fd, data)
+        if written != len(data):
+            raise OSError(errno_mod.EIO, f"short append: {written} of {len(data)} bytes")
+
+    def pread(self, fd: int, size: int, offset: int) -> bytes:
+        """Read up to ``size`` bytes at ``offset``; fewer only at end of file."""
+        chunks = []
+        while size > 0:
+            chunk = os.pread(fd, size, offset)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size -= len(chunk)
+            offset += len(chunk)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def size(self, fd: int) -> int:
+        return os.fstat(fd).st_size
+
+    # --- durability --------------------------------------------------------------------------------
+    def fdatasync(self, fd: int) -> None:
+        os.fdatasync(fd)
+
+    def fsync(self, fd: int) -> None:
+        os.fsync(fd)
+
+    def ftruncate(self, fd: int, size: int) -> None:
+        os.ftruncate(fd, size)
+
+    def fsync_dir(self, path: str) -> None:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    # --- namespace ---------------------------------------------------------------------------------
+    def rename(self, src: str, dst: str) -> None:
+        os.replace(src, dst)
+
+    def unlink(self, path: str) -> None:
+        os.unlink(path)
+
+    def mkdir(self, path: str) -> None:
+        os.mkdir(path, 0o755)
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def listdir(self, path: str) -> list[str]:
+        return os.listdir(path)
+
+    def stat_size(self, path: str) -> int | None:
+        """Size of the file at ``path``, or None if it does not exist."""
+        try:
+            return os.stat(path).st_size
+        except FileNotFoundError:
+            return None
+
+    # --- compound operations (built only from the primitives above) -------------------------------
+    def makedirs_durable(self, path: str) -> None:
+        """Create ``path`` and missing parents, fsyncing each parent so the new entries survive a crash."""
+        path = os.path.abspath(path)
+        if self.exists(path):
+            return
+        parent = os.path.dirname(path)
+        self.makedirs_durable(parent)
+        try:
+            self.mkdir(path)
+        except FileExistsError:
+            return
+        self.fsync_dir(parent)
+
+    def atomic_write(self, path: str, data: bytes) -> None:
+        """Replace ``path`` with ``data``: temp file + fsync + rename + directory fsync."""
+        directory = os.path.dirname(os.path.abspath(path))
+        tmp = f"{path}.tmp-{os.getpid()}"
+        fd = self.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            self.pwrite(fd, data, 0)
+            self.fsync(fd)
+        finally:
+            self.close(fd)
+        self.rename(tmp, path)
+        self.fsync_dir(directory)
+
+    def read_file(self, path: str) -> bytes | None:
+        """Whole contents of ``path``, or None if it does not exist."""
+        try:
+            fd = self.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            return self.pread(fd, self.size(fd), 0)
+        finally:
+            self.close(fd)
+
+
+OS_FILE_OPS = FileOps()
