@@ -1,0 +1,183 @@
+"""HTTP Basic authentication for ``/mcp``: the user name is the site, checked on every request.
+
+Cost model: the first request with a given ``Authorization`` header runs scrypt (in a worker thread, behind
+its own small limiter so a flood of bad passwords cannot take every thread); after that the header's
+SHA-256 maps straight to the site, so an authenticated request costs a hash and a dict lookup. Both caches
+(good and bad headers) are dropped whenever ``credentials.json`` changes, which the authenticator notices
+with a ``stat`` at most once per ``reload_interval`` — so ``logstore site remove`` takes effect on a running
+server within about a second.
+
+The authenticated site rides on the ASGI scope as an ``AuthenticatedUser`` whose ``client_id`` is the
+site: the SDK's session manager binds each stateful session to that identity and answers 404 to a request
+for the session carrying anyone else's credentials.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import logging
+import time
+from typing import Any
+
+import anyio
+import anyio.to_thread
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+from mcp.server.auth.provider import AccessToken
+from starlette.authentication import AuthCredentials
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from logstore.ids import is_valid_site
+
+from .credentials import CredentialsFile, hash_password, verify_password
+
+__all__ = ["SiteUser", "Authenticator", "BasicAuthMiddleware", "site_of_scope"]
+
+log = logging.getLogger("logstore.server.auth")
+
+_CACHE_MAX = 10_000
+
+
+class SiteUser(AuthenticatedUser):
+    """The principal of an authenticated request: one site."""
+
+    def __init__(self, site: str) -> None:
+        # The token field is never compared or sent anywhere; the session binding uses client_id.
+        super().__init__(AccessToken(token="basic", client_id=site, scopes=[]))
+        self.site = site
+
+
+def site_of_scope(scope: Scope) -> str:
+    user = scope.get("user")
+    if not isinstance(user, SiteUser):
+        raise PermissionError("request reached a tool without an authenticated site")
+    return user.site
+
+
+class Authenticator:
+    def __init__(self, credentials: CredentialsFile, *, reload_interval: float = 1.0) -> None:
+        self._file = credentials
+        self._reload_interval = reload_interval
+        self._next_check = 0.0
+        self._identity: tuple[int, int, int] | None | bool = False  # False: never loaded
+        self._entries: dict[str, dict[str, Any]] = {}
+        self._good: dict[bytes, SiteUser] = {}
+        self._bad: set[bytes] = set()
+        self._kdf_limiter = anyio.CapacityLimiter(2)
+        # Unknown sites are checked against this, so they take as long as a wrong password does.
+        self._decoy = hash_password("decoy")
+
+    def _refresh(self) -> None:
+        now = time.monotonic()
+        if now < self._next_check:
+            return
+        self._next_check = now + self._reload_interval
+        identity = self._file.identity()
+        if identity == self._identity:
+            return
+        try:
+            entries = self._file.load()
+        except (OSError, ValueError) as exc:
+            # Keep serving with what we had; an operator mid-edit should not lock everyone out.
+            log.error("cannot read %s: %s", self._file.path, exc)
+            return
+        self._identity, self._entries = identity, entries
+        self._good.clear()
+        self._bad.clear()
+
+    async def authenticate(self, authorization: bytes) -> SiteUser | None:
+        """The site for a ``Basic`` header value (the whole header), or None if it does not verify."""
+        self._refresh()
+        key = hashlib.sha256(authorization).digest()
+        user = self._good.get(key)
+        if user is not None:
+            return user
+        if key in self._bad:
+            return None
+        parsed = _parse_basic(authorization)
+        site, password = parsed if parsed is not None else ("", "")
+        entry = self._entries.get(site) if is_valid_site(site) else None
+        entries_seen = self._entries
+        ok = await anyio.to_thread.run_sync(
+            verify_password, entry or self._decoy, password, limiter=self._kdf_limiter
+        )
+        ok = ok and entry is not None and parsed is not None
+        if self._entries is not entries_seen:
+            return None if not ok else await self.authenticate(authorization)  # reloaded meanwhile: recheck
+        cache = self._good if ok else self._bad
+        if len(cache) >= _CACHE_MAX:
+            cache.clear()
+        if ok:
+            user = SiteUser(site)
+            self._good[key] = user
+            return user
+        self._bad.add(key)
+        return None
+
+
+def _parse_basic(authorization: bytes) -> tuple[str, str] | None:
+    scheme, _, value = authorization.partition(b" ")
+    if scheme.lower() != b"basic":
+        return None
+    try:
+        decoded = base64.b64decode(value.strip(), validate=True).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+    site, sep, password = decoded.partition(":")
+    return (site, password) if sep else None
+
+
+class BasicAuthMiddleware:
+    """Admits a request only with valid Basic credentials; everything else gets 401 + WWW-Authenticate."""
+
+    def __init__(self, app: ASGIApp, authenticator: Authenticator, realm: str = "logstore") -> None:
+        self.app = app
+        self.authenticator = authenticator
+        self._challenge = f'Basic realm="{realm}", charset="UTF-8"'.encode("ascii")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        header = next((v for k, v in scope["headers"] if k == b"authorization"), None)
+        if header is None:
+            await self._reject(
+                send, "authentication required: use HTTP Basic with the site name and password"
+            )
+            return
+        scheme = header.partition(b" ")[0].lower()
+        if scheme == b"bearer":
+            await self._reject(
+                send,
+                "Bearer tokens are not accepted: this server requires HTTP Basic authentication "
+                "(user name = site, password = the site's password)",
+            )
+            return
+        if scheme != b"basic":
+            await self._reject(
+                send, "unsupported authorization scheme: HTTP Basic authentication is required"
+            )
+            return
+        user = await self.authenticator.authenticate(header)
+        if user is None:
+            await self._reject(send, "invalid site or password")
+            return
+        scope = {**scope, "user": user, "auth": AuthCredentials([])}
+        await self.app(scope, receive, send)
+
+    async def _reject(self, send: Send, message: str) -> None:
+        body = json.dumps({"error": {"code": "Unauthorized", "message": message}}).encode("utf-8")
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 401,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode("ascii")),
+                    (b"www-authenticate", self._challenge),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})

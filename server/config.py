@@ -1,0 +1,106 @@
+"""Server settings: one dataclass, filled from CLI flags or ``LOGSTORE_*`` environment variables.
+
+The environment form is also how ``--workers N`` hands the settings to each uvicorn worker process (the
+workers import ``server.asgi:app_from_env`` and build their own app from the same variables).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+
+__all__ = ["ServeConfig", "ENV_VARS"]
+
+# field name -> environment variable
+ENV_VARS = {
+    "data_dir": "LOGSTORE_DATA_DIR",
+    "host": "LOGSTORE_HOST",
+    "port": "LOGSTORE_PORT",
+    "workers": "LOGSTORE_WORKERS",
+    "stdio": "LOGSTORE_STDIO",
+    "site": "LOGSTORE_SITE",
+    "ssl_certfile": "LOGSTORE_SSL_CERTFILE",
+    "ssl_keyfile": "LOGSTORE_SSL_KEYFILE",
+    "lock_timeout": "LOGSTORE_LOCK_TIMEOUT",
+    "threads": "LOGSTORE_THREADS",
+    "stateless": "LOGSTORE_STATELESS",
+    "log_level": "LOGSTORE_LOG_LEVEL",
+}
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    data_dir: str = "./data"
+    host: str = "127.0.0.1"  # loopback only unless the operator says otherwise
+    port: int = 8765
+    workers: int = 1
+    stdio: bool = False
+    site: str = "local"  # the site a --stdio server acts as (stdio has no authentication)
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    lock_timeout: float = 5.0
+    threads: int = 32  # worker threads for blocking store calls (concurrent appends group-commit)
+    stateless: bool | None = None  # None: stateless exactly when workers > 1
+    log_level: str = "info"
+
+    @property
+    def effective_stateless(self) -> bool:
+        # Legacy-protocol sessions live in one process's memory; with several workers behind one port a
+        # session's next request may land elsewhere, so multi-worker serving is sessionless.
+        return self.stateless if self.stateless is not None else self.workers > 1
+
+    def validate(self) -> ServeConfig:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be 0-65535, got {self.port}")
+        if self.workers < 1:
+            raise ValueError(f"workers must be at least 1, got {self.workers}")
+        if self.threads < 1:
+            raise ValueError(f"threads must be at least 1, got {self.threads}")
+        if self.lock_timeout <= 0:
+            raise ValueError(f"lock timeout must be positive, got {self.lock_timeout}")
+        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
+            raise ValueError("--ssl-certfile and --ssl-keyfile go together")
+        if self.stateless is False and self.workers > 1:
+            raise ValueError("several workers need stateless serving (sessions live in one process)")
+        return self
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> ServeConfig:
+        """Defaults, then environment variables, then ``overrides`` that are not None."""
+        env = os.environ if env is None else env
+        values: dict[str, object] = {}
+        for f in fields(cls):
+            raw = env.get(ENV_VARS[f.name])
+            if raw is not None:
+                values[f.name] = _parse(f.name, raw)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values).validate()  # type: ignore[arg-type]
+
+    def to_env(self) -> dict[str, str]:
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is not None:
+                out[ENV_VARS[f.name]] = ("1" if value else "0") if isinstance(value, bool) else str(value)
+        return out
+
+
+def _parse(name: str, raw: str) -> object:
+    try:
+        if name in ("port", "workers", "threads"):
+            return int(raw)
+        if name == "lock_timeout":
+            return float(raw)
+        if name in ("stdio", "stateless"):
+            if raw.strip().lower() in _TRUE:
+                return True
+            if raw.strip().lower() in _FALSE:
+                return False
+            raise ValueError(raw)
+    except ValueError:
+        raise ValueError(f"{ENV_VARS[name]}={raw!r} is not a valid value") from None
+    return raw

@@ -1,0 +1,108 @@
+"""The ASGI application: streamable HTTP MCP at ``/mcp`` behind Basic auth, plus ``GET /healthz``.
+
+One ``StreamableHTTPSessionManager`` serves both protocol eras: requests carrying a 2026-07-28
+``MCP-Protocol-Version`` go to the SDK's stateless single-exchange path, and the legacy 2025-11-25
+handshake gets sessions (stateful by default, so each session is bound to the site that opened it) or,
+with ``stateless=True``, none — required when several worker processes share a port, since a session
+lives in one process's memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
+
+import anyio
+from mcp.server.context import ServerRequestContext
+from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
+from mcp.server.transport_security import TransportSecuritySettings
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from .auth import Authenticator, BasicAuthMiddleware, site_of_scope
+from .credentials import CredentialsFile
+from .handlers import StoreLike
+from .mcp_app import ToolBinding, build_mcp_server, server_version, spec_bindings
+
+__all__ = ["MAX_REQUEST_BODY", "build_http_app", "site_of_request"]
+
+log = logging.getLogger("logstore.server")
+
+# The spec caps a batch at 1 MiB of compact JSON; the same batch on the wire may be several times larger
+# (\u escapes, pretty-printing, the JSON-RPC envelope). 8 MiB keeps every valid batch well clear of the
+# transport limit, so oversize batches get the spec's BatchTooLarge rather than an HTTP 413.
+MAX_REQUEST_BODY = 8 * 1024 * 1024
+
+
+def site_of_request(ctx: ServerRequestContext[Any, Any]) -> str:
+    """The site the HTTP request carrying this tool call authenticated as."""
+    if ctx.request is None:
+        raise PermissionError("tool call without an HTTP request on the HTTP transport")
+    return site_of_scope(ctx.request.scope)
+
+
+def _transport_security(host: str) -> TransportSecuritySettings | None:
+    """DNS-rebinding protection when bound to loopback (a browser page must not reach a local server)."""
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        return None
+    return TransportSecuritySettings(
+        enable_dns_rebinding_protection=True,
+        allowed_hosts=["127.0.0.1", "127.0.0.1:*", "localhost", "localhost:*", "[::1]", "[::1]:*"],
+        allowed_origins=["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"],
+    )
+
+
+def build_http_app(
+    store: StoreLike,
+    data_dir: str,
+    *,
+    host: str = "127.0.0.1",
+    stateless: bool = False,
+    threads: int = 32,
+    bindings_factory: Callable[[StoreLike], Mapping[str, ToolBinding]] = spec_bindings,
+    close_store: bool = True,
+) -> Starlette:
+    """The whole server as one ASGI app. ``store`` is closed when the app shuts down (if ``close_store``)."""
+    limiter = anyio.CapacityLimiter(threads)
+    mcp_server = build_mcp_server(bindings_factory(store), site_of=site_of_request, limiter=limiter)
+    manager = StreamableHTTPSessionManager(
+        app=mcp_server,
+        json_response=True,  # one JSON body per call: no server-to-client requests are ever needed
+        stateless=stateless,
+        security_settings=_transport_security(host),
+        max_request_body_size=MAX_REQUEST_BODY,
+    )
+    authenticator = Authenticator(CredentialsFile(data_dir))
+    mcp_endpoint = BasicAuthMiddleware(StreamableHTTPASGIApp(manager), authenticator)
+
+    async def healthz(request: Request) -> JSONResponse:
+        # Liveness only: no credentials needed and nothing about sites or data is revealed.
+        return JSONResponse({"status": "ok", "version": server_version()})
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        try:
+            async with manager.run():
+                yield
+        finally:
+            if close_store:
+                # By now uvicorn has drained in-flight requests and the manager's task group has waited
+                # for tool calls' worker threads (they are not abandoned on cancel), so nothing is mid-append.
+                await anyio.to_thread.run_sync(store.close)
+
+    return Starlette(
+        routes=[
+            Route("/mcp", endpoint=mcp_endpoint),
+            Route("/healthz", endpoint=healthz, methods=["GET"]),
+        ],
+        lifespan=lifespan,
+    )

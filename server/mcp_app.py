@@ -1,0 +1,126 @@
+"""The low-level MCP ``Server`` serving the spec tools (or, for the bench, any set of tool bindings).
+
+The low-level ``mcp.server.Server`` is used rather than ``MCPServer`` because the tool descriptions and
+schemas must be the spec's byte for byte; ``MCPServer`` derives schemas from type hints. Arguments are
+validated here with jsonschema (``server.validation``), blocking engine calls run in worker threads behind
+one ``CapacityLimiter`` so the event loop never waits on an fsync, and every failure goes through
+``server.tool_errors`` — the one error mapping.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import partial
+from importlib import metadata
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import mcp_types as types
+from mcp.server import Server
+from mcp.server.context import ServerRequestContext
+
+from .handlers import SPEC_HANDLERS, Handler, StoreLike
+from .spec_tools import ToolDef, load_tools
+from .tool_errors import UnknownTool, error_result
+from .validation import ArgumentValidator
+
+__all__ = ["ToolBinding", "SiteResolver", "spec_bindings", "build_mcp_server", "server_version"]
+
+SiteResolver = Callable[[ServerRequestContext[Any, Any]], str]
+"""Returns the authenticated site of the request a tool call arrived on."""
+
+
+@dataclass(frozen=True)
+class ToolBinding:
+    tool: ToolDef
+    run: Callable[[str, dict[str, Any]], dict[str, Any]]  # (site, validated args) -> output-schema JSON
+    validate: ArgumentValidator
+    blocking: bool = True  # run in a worker thread (anything that may touch the disk)
+
+
+def server_version() -> str:
+    try:
+        return metadata.version("logstore")
+    except metadata.PackageNotFoundError:  # pragma: no cover - running from a bare checkout
+        return "0"
+
+
+def spec_bindings(store: StoreLike) -> dict[str, ToolBinding]:
+    """The production tool set: the four spec tools, in spec order, bound to ``store``."""
+    bindings = {}
+    for tool in load_tools():
+        handler: Handler = SPEC_HANDLERS[tool.name]
+        bindings[tool.name] = ToolBinding(tool, partial(handler, store), ArgumentValidator(tool))
+    return bindings
+
+
+def _success(result: dict[str, Any]) -> types.CallToolResult:
+    # The same JSON twice: structuredContent for schema-aware clients, text for clients that read only text.
+    text = json.dumps(result, ensure_ascii=False, separators=(",", ":"))
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=text)], structured_content=result
+    )
+
+
+def _run(binding: ToolBinding, site: str, args: dict[str, Any]) -> types.CallToolResult:
+    # Encoding happens here too, so a large recall is serialised off the event loop.
+    return _success(binding.run(site, args))
+
+
+def build_mcp_server(
+    bindings: Mapping[str, ToolBinding],
+    *,
+    site_of: SiteResolver,
+    limiter: anyio.CapacityLimiter,
+    name: str = "logstore",
+    instructions: str | None = None,
+) -> Server[Any]:
+    """A low-level MCP server whose tools are exactly ``bindings`` (in their order)."""
+    bindings = dict(bindings)
+    listing = types.ListToolsResult(
+        tools=[
+            types.Tool(
+                name=b.tool.name,
+                description=b.tool.description,
+                input_schema=b.tool.input_schema,
+                output_schema=b.tool.output_schema,
+            )
+            for b in bindings.values()
+        ]
+    )
+
+    async def list_tools(
+        ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        return listing
+
+    async def call_tool(
+        ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        binding = bindings.get(params.name)
+        try:
+            if binding is None:
+                raise UnknownTool(f"unknown tool; this server serves: {', '.join(bindings)}")
+            site = site_of(ctx)
+            args = binding.validate(params.arguments)
+            if binding.blocking:
+                return await anyio.to_thread.run_sync(_run, binding, site, args, limiter=limiter)
+            return _run(binding, site, args)
+        except Exception as exc:  # the one funnel: every failure becomes a structured tool error
+            return error_result(exc, tool=params.name if binding is not None else None)
+
+    def input_schema(tool_name: str) -> Mapping[str, Any] | None:
+        binding = bindings.get(tool_name)
+        return binding.tool.input_schema if binding is not None else None
+
+    return Server(
+        name,
+        version=server_version(),
+        instructions=instructions,
+        get_tool_input_schema=input_schema,
+        on_list_tools=list_tools,
+        on_call_tool=call_tool,
+    )

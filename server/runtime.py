@@ -1,0 +1,99 @@
+"""Running the server: open the store, build the app, hand it to uvicorn (HTTP) or to stdio.
+
+``logstore serve`` (``tools/serve.py``) calls ``run_http`` or ``run_stdio``; with ``--workers N`` uvicorn
+spawns N processes that each call ``app_from_env`` and open their own ``Store`` on the same data dir (the
+engine is multi-process safe).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import anyio
+import uvicorn
+from starlette.applications import Starlette
+
+from .config import ServeConfig
+from .handlers import StoreLike
+from .http_app import build_http_app
+from .mcp_app import build_mcp_server, spec_bindings
+
+__all__ = ["open_store", "create_app", "app_from_env", "run_http", "run_stdio", "uvicorn_config"]
+
+log = logging.getLogger("logstore.server")
+
+
+def open_store(config: ServeConfig) -> StoreLike:
+    from logstore import Store  # imported here so that `logstore site ...` never loads the engine
+
+    return Store(config.data_dir, lock_timeout=config.lock_timeout)
+
+
+def create_app(config: ServeConfig) -> Starlette:
+    return build_http_app(
+        open_store(config),
+        config.data_dir,
+        host=config.host,
+        stateless=config.effective_stateless,
+        threads=config.threads,
+    )
+
+
+def app_from_env() -> Starlette:
+    """uvicorn factory for worker processes: settings come from ``LOGSTORE_*`` variables."""
+    return create_app(ServeConfig.from_env())
+
+
+def uvicorn_config(config: ServeConfig, app: Any, **extra: Any) -> uvicorn.Config:
+    return uvicorn.Config(
+        app,
+        host=config.host,
+        port=config.port,
+        ssl_certfile=config.ssl_certfile,
+        ssl_keyfile=config.ssl_keyfile,
+        log_level=config.log_level,
+        access_log=False,  # one log line per tool call would cost more than the call's bookkeeping
+        lifespan="on",
+        timeout_graceful_shutdown=10,
+        **extra,
+    )
+
+
+def run_http(config: ServeConfig) -> None:
+    if config.workers == 1:
+        uvicorn.Server(uvicorn_config(config, create_app(config))).run()
+        return
+    # Workers are separate processes; they rebuild the config from the environment.
+    os.environ.update(config.to_env())
+    uvicorn.run(
+        "server.runtime:app_from_env",
+        factory=True,
+        workers=config.workers,
+        host=config.host,
+        port=config.port,
+        ssl_certfile=config.ssl_certfile,
+        ssl_keyfile=config.ssl_keyfile,
+        log_level=config.log_level,
+        access_log=False,
+        timeout_graceful_shutdown=10,
+    )
+
+
+def run_stdio(config: ServeConfig) -> None:
+    """Serve one client over stdin/stdout as ``config.site`` (local use: no authentication)."""
+    from mcp.server.stdio import stdio_server
+
+    store = open_store(config)
+    limiter = anyio.CapacityLimiter(config.threads)
+    server = build_mcp_server(spec_bindings(store), site_of=lambda ctx: config.site, limiter=limiter)
+
+    async def main() -> None:
+        async with stdio_server() as (read_stream, write_stream):
+            await server.run(read_stream, write_stream, server.create_initialization_options())
+
+    try:
+        anyio.run(main)
+    finally:
+        store.close()

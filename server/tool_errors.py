@@ -1,0 +1,77 @@
+"""The one place where failures become MCP tool errors.
+
+Every tool call's exception ends here. The result is a ``CallToolResult`` with ``isError: true`` whose
+``structuredContent`` (and, for text-only clients, its text content) is::
+
+    {"error": {"code": "PayloadTooLarge", "message": "...", "retryable": false, ...details}}
+
+``code`` is the spec's error name (or ``InvalidArgument`` / ``InvalidCursor`` / ``UnknownTool`` for
+argument errors the spec leaves unnamed), ``retryable`` follows the engine (true only for Unavailable,
+Timeout, Io). Details are the engine's client-safe fields (``reason`` for InvalidConversationId, ``offset``
+for Corrupted, sizes and limits for the size errors).
+
+For operational errors the engine's message may name files or OS errors, so clients get a fixed message
+and the engine's text goes to the server log. Anything that is not a ``LogstoreError`` is a bug or an
+environment failure: it is logged with its traceback and reported as a retryable ``Unavailable`` without
+any exception text.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import mcp_types as types
+
+from logstore import errors
+
+__all__ = ["UnknownTool", "error_body", "error_result"]
+
+log = logging.getLogger("logstore.server")
+
+
+class UnknownTool(errors.LogstoreError):
+    code = "UnknownTool"
+
+
+# Client-facing messages for failures whose engine message is operator information.
+_OPERATIONAL_MESSAGES = {
+    "Unavailable": "memory storage is temporarily unavailable; safe to retry after buffering the batch",
+    "Timeout": "timed out waiting for access to the conversation; safe to retry after buffering the batch",
+    "Io": "memory storage I/O error; safe to retry after buffering the batch",
+    "Corrupted": "the conversation log is corrupted at this byte offset; the read cannot be served",
+}
+
+
+def error_body(exc: BaseException, *, tool: str | None = None) -> dict[str, Any]:
+    """Map ``exc`` to the ``{"error": {...}}`` body; logs whatever the client is not told."""
+    if isinstance(exc, errors.LogstoreError):
+        fixed = _OPERATIONAL_MESSAGES.get(exc.code)
+        if fixed is not None:
+            log.warning("tool %s failed: %s: %s", tool, exc.code, exc.message)
+        body: dict[str, Any] = {
+            "code": exc.code,
+            "message": fixed or exc.message,
+            "retryable": bool(exc.retryable),
+        }
+        for key, value in exc.details().items():
+            body.setdefault(key, value)  # never let details shadow code/message/retryable
+        return {"error": body}
+    log.error("tool %s raised an unexpected error", tool, exc_info=exc)
+    return {
+        "error": {
+            "code": "Unavailable",
+            "message": "internal server error; safe to retry after buffering the batch",
+            "retryable": True,
+        }
+    }
+
+
+def error_result(exc: BaseException, *, tool: str | None = None) -> types.CallToolResult:
+    body = error_body(exc, tool=tool)
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=json.dumps(body, ensure_ascii=False))],
+        structured_content=body,
+        is_error=True,
+    )

@@ -1,0 +1,172 @@
+"""``logstore serve``: run the MCP server (streamable HTTP at /mcp, or --stdio).
+
+Every flag has a ``LOGSTORE_*`` environment variable (flags win). On a data dir with no sites, an HTTP
+server first creates the site ``local`` and prints, once, ready-to-paste client configuration: the URL,
+the Authorization header, a ``claude mcp add`` line and a Python snippet. The password is shown only then;
+``logstore site passwd local`` sets a new one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import ipaddress
+import logging
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from server.config import ServeConfig
+
+__all__ = ["register", "quickstart_text", "cmd_serve"]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = subparsers.add_parser("serve", help="run the MCP server")
+    # Defaults are None so that environment variables (then built-in defaults) fill what was not given.
+    p.add_argument("--data-dir", help="data directory (env LOGSTORE_DATA_DIR; default ./data)")
+    p.add_argument("--host", help="bind address (env LOGSTORE_HOST; default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="TCP port (env LOGSTORE_PORT; default 8765)")
+    p.add_argument("--workers", type=int, help="server processes sharing the port (env LOGSTORE_WORKERS)")
+    p.add_argument(
+        "--stdio",
+        action="store_const",
+        const=True,
+        help="serve one client on stdin/stdout (env LOGSTORE_STDIO)",
+    )
+    p.add_argument("--site", help="with --stdio: the site to act as (env LOGSTORE_SITE; default local)")
+    p.add_argument("--ssl-certfile", help="TLS certificate, PEM (env LOGSTORE_SSL_CERTFILE)")
+    p.add_argument("--ssl-keyfile", help="TLS private key, PEM (env LOGSTORE_SSL_KEYFILE)")
+    p.add_argument(
+        "--lock-timeout",
+        type=float,
+        help="seconds to wait for a conversation lock (env LOGSTORE_LOCK_TIMEOUT)",
+    )
+    p.add_argument("--threads", type=int, help="worker threads for storage calls (env LOGSTORE_THREADS)")
+    p.add_argument(
+        "--stateless",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="serve legacy-protocol clients without sessions (default: only when --workers > 1)",
+    )
+    p.add_argument(
+        "--log-level", choices=["debug", "info", "warning", "error"], help="env LOGSTORE_LOG_LEVEL"
+    )
+    p.set_defaults(func=cmd_serve)
+
+
+def _display_host(host: str) -> str:
+    """The host a local client should use to reach a server bound to ``host``."""
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    if ip.is_unspecified:
+        return "127.0.0.1"
+    return f"[{host}]" if ip.version == 6 else host
+
+
+def endpoint_url(host: str, port: int, tls: bool) -> str:
+    return f"{'https' if tls else 'http'}://{_display_host(host)}:{port}/mcp"
+
+
+def quickstart_text(url: str, site: str, password: str, data_dir: str) -> str:
+    token = base64.b64encode(f"{site}:{password}".encode()).decode("ascii")
+    header = f"Authorization: Basic {token}"
+    return f"""\
+Created site '{site}' in {data_dir}. Its password is shown only now (it is stored hashed);
+`logstore site passwd {site} --data-dir {data_dir}` sets a new one.
+
+  MCP endpoint:   {url}
+  Site/password:  {site} / {password}
+  HTTP header:    {header}
+
+Claude Code:
+  claude mcp add --transport http logstore {url} --header "{header}"
+
+Python (mcp SDK 2.x):
+  import asyncio
+  import httpx2
+  from mcp import Client
+  from mcp.client.streamable_http import streamable_http_client
+
+  async def main():
+      async with httpx2.AsyncClient(auth=httpx2.BasicAuth("{site}", "{password}")) as http:
+          async with Client(streamable_http_client("{url}", http_client=http)) as client:
+              ack = await client.call_tool(
+                  "append_memory",
+                  {{"conversation_id": "demo-conversation-1", "items": [{{"role": "user", "text": "hi"}}]}},
+              )
+              print(ack.structured_content)  # {{'first_seq': 0, 'last_seq': 0}}
+              recent = await client.call_tool("recall_memory", {{"conversation_id": "demo-conversation-1"}})
+              print(recent.structured_content["items"])
+
+  asyncio.run(main())
+"""
+
+
+def _first_run_setup(config: ServeConfig) -> None:
+    """Create the ``local`` site on a data dir that has none, and print how to connect (once)."""
+    from server.credentials import CredentialsFile, generate_password
+
+    creds = CredentialsFile(config.data_dir)
+    url = endpoint_url(config.host, config.port, config.ssl_certfile is not None)
+    sites = creds.sites()
+    if not sites:
+        password = generate_password()
+        creds.add("local", password)
+        print(quickstart_text(url, "local", password, config.data_dir), flush=True)
+    else:
+        shown = ", ".join(sites[:10]) + (f" and {len(sites) - 10} more" if len(sites) > 10 else "")
+        print(f"logstore MCP server: {url}  (HTTP Basic auth; sites: {shown})", flush=True)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from logstore.ids import is_valid_site
+    from server.config import ServeConfig
+
+    try:
+        config = ServeConfig.from_env(
+            data_dir=args.data_dir,
+            host=args.host,
+            port=args.port,
+            workers=args.workers,
+            stdio=args.stdio,
+            site=args.site,
+            ssl_certfile=args.ssl_certfile,
+            ssl_keyfile=args.ssl_keyfile,
+            lock_timeout=args.lock_timeout,
+            threads=args.threads,
+            stateless=args.stateless,
+            log_level=args.log_level,
+        )
+        if config.stdio and not is_valid_site(config.site):
+            raise ValueError(f"invalid site name {config.site!r}: 1-64 characters from [A-Za-z0-9_-]")
+    except ValueError as exc:
+        print(f"logstore serve: {exc}", file=sys.stderr)
+        return 2
+
+    # Logs go to stderr in both modes; in stdio mode stdout carries the protocol.
+    logging.basicConfig(
+        stream=sys.stderr, level=config.log_level.upper(), format="%(levelname)s %(name)s: %(message)s"
+    )
+
+    from server.runtime import run_http, run_stdio
+
+    if config.stdio:
+        run_stdio(config)
+        return 0
+    _first_run_setup(config)
+    if config.ssl_certfile is None and not _is_loopback(config.host):
+        logging.getLogger("logstore.server").warning(
+            "serving on %s without TLS: Basic credentials cross the network in clear text", config.host
+        )
+    run_http(config)
+    return 0
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
