@@ -28,6 +28,7 @@ from .errors import (
     Unavailable,
 )
 from .models import ConversationListing, ConversationSummary, MemoryItem, SeqRange
+from .store import Store
 
 __all__ = [
     "BatchTooLarge",
@@ -44,6 +45,7 @@ __all__ = [
     "MemoryItem",
     "PayloadTooLarge",
     "SeqRange",
+    "Store",
     "Timeout",
     "Unavailable",
 ]

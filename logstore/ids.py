@@ -61,5 +61,6 @@ def validate_site(value: object) -> str:
     if reason is None:
         return value  # type: ignore[return-value]
     raise InvalidArgument(
-        f"site name must be {SITE_MIN_LEN}-{ID_MAX_LEN} characters from [A-Za-z0-9_-] ({reason})", field="site"
+        f"site name must be {SITE_MIN_LEN}-{ID_MAX_LEN} characters from [A-Za-z0-9_-] ({reason})",
+        field="site",
     )

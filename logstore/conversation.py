@@ -1,0 +1,683 @@
+"""One conversation: its log file, its sidecar index, recovery, group commit, and reads.
+
+Strategy:
+- State (index entries, end of log, next seq, timestamps) lives in memory and is rebuilt on open from
+  the index tail plus a scan of the log after it; the log is the truth, the index a hint.
+- Appends: callers queue requests; one thread at a time becomes the *leader*, takes every queued request,
+  takes the cross-process lock, re-validates the cached state against the file, writes all frames with one
+  ``pwrite`` and one ``fdatasync`` (group commit), then publishes the new state, appends index entries
+  (no fsync: the index may lag, never lead) and wakes the followers. A request is acknowledged only after
+  the fsync that covers its frame.
+- Failure of a write or fsync poisons the handle: the un-acknowledged bytes are cut off (best effort), the
+  descriptors are closed, and the next operation reopens with full recovery. Never retry an fsync.
+- Reads never take the cross-process lock and never wait for an fsync in flight: they see the state last
+  published, plus complete frames another process appended (picked up when the file grew).
+- An index entry that disagrees with the log (wrong check, wrong offset, wrong seq) is never served: the
+  log is rescanned and the index rewritten. A frame that fails its CRC inside the acknowledged region is
+  corruption: ``Corrupted(path, offset)``; reads entirely before it still work, appends stop.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from bisect import bisect_right
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import msgspec
+
+from .errors import ConversationFull, Corrupted, Io, Unavailable
+from .fileio import FileOps
+from .frame import Frame, decode_frame, decode_header, encode_frame
+from .index_codec import (
+    ENTRY_SIZE,
+    INDEX_HEADER,
+    INDEX_HEADER_SIZE,
+    decode_entry,
+    encode_entry,
+    entry_first_seq,
+    header_ok,
+)
+from .limits import MAX_CONVERSATION_ITEMS
+from .locking import lock_for
+from .models import MemoryItem, SeqRange, micros_to_datetime
+from .scanner import ScanResult, scan_log
+
+__all__ = ["ConversationLog", "AppendRequest", "CommitInfo", "ConversationPaths"]
+
+log = logging.getLogger("logstore")
+_decode_json = msgspec.json.Decoder().decode
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationPaths:
+    directory: str
+    log: str
+    index: str
+    lock: str
+
+
+@dataclass(frozen=True, slots=True)
+class CommitInfo:
+    """What the manifest needs to know after a commit (all times in microseconds)."""
+
+    conversation_id: str
+    created_at: int
+    last_appended_at: int
+    log_size: int
+    next_seq: int
+
+
+class AppendRequest:
+    """One caller's batch: items already encoded (``frame.encode_items``) before any lock is taken."""
+
+    __slots__ = ("encoded", "count", "result", "error", "done")
+
+    def __init__(self, encoded: bytes, count: int) -> None:
+        self.encoded = encoded
+        self.count = count
+        self.result: SeqRange | None = None
+        self.error: BaseException | None = None
+        self.done = False
+
+
+class _ReaderGuard:
+    """Counts readers using the descriptors; closing waits for them (fd numbers get reused)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._readers = 0
+
+    def __enter__(self) -> None:
+        with self._cond:
+            self._readers += 1
+
+    def __exit__(self, *exc: object) -> None:
+        with self._cond:
+            self._readers -= 1
+            if not self._readers:
+                self._cond.notify_all()
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Wait until no reader is mid-``pread``, and keep new ones out while descriptors close."""
+        with self._cond:
+            while self._readers:
+                self._cond.wait()
+            yield
+
+
+class _IndexMismatch(Exception):
+    """The index disagreed with the log; rescan and retry."""
+
+
+def _now_us() -> int:
+    return time.time_ns() // 1000
+
+
+class ConversationLog:
+    def __init__(
+        self,
+        ops: FileOps,
+        conversation_id: str,
+        paths: ConversationPaths,
+        *,
+        lock_timeout: float,
+        on_create: Callable[[str], None] | None = None,
+        on_commit: Callable[[CommitInfo], None] | None = None,
+    ) -> None:
+        self.ops = ops
+        self.conversation_id = conversation_id
+        self.paths = paths
+        self.lock_timeout = lock_timeout
+        self._on_create = on_create
+        self._on_commit = on_commit
+        self._lock = lock_for(paths.lock) if ops.exists(paths.directory) else None
+        self._state_lock = threading.Lock()  # guards the published state below; held only briefly
+        self._io_lock = threading.Lock()  # one thread at a time touches descriptors/refreshes
+        self._queue_cond = threading.Condition(threading.Lock())
+        self._pending: list[AppendRequest] = []
+        self._leader_active = False
+        self._closed = False
+        self._fd_readers = _ReaderGuard()
+        self._generation = 0  # bumped whenever descriptors are closed or state is rebuilt
+        self._reset_state()
+
+    # ------------------------------------------------------------------ state
+    def _reset_state(self) -> None:
+        self._log_fd: int | None = None
+        self._idx_fd: int | None = None
+        self._loaded = False
+        self._entries = bytearray()  # index entries for every good frame, in order
+        self._end = 0
+        self._next_seq = 0
+        self._created_at: int | None = None
+        self._last_at: int | None = None
+        self._tail_offset: int | None = None  # offset of the last good frame
+        self._corrupt: tuple[int, str] | None = None  # (offset, reason)
+        self._torn_at: int | None = None
+        self._index_corrupt_hint: tuple[int, str] | None = None
+        self._index_valid = 0  # leading index-file entries known to equal self._entries
+
+    @property
+    def next_seq(self) -> int:
+        return self._next_seq
+
+    def summary(self) -> CommitInfo | None:
+        """Current created/last timestamps (loading the log if needed); None if it holds no items."""
+        self._ensure_fresh()
+        with self._state_lock:
+            if self._created_at is None or self._last_at is None:
+                return None
+            return CommitInfo(
+                self.conversation_id, self._created_at, self._last_at, self._end, self._next_seq
+            )
+
+    def close(self) -> None:
+        with self._io_lock:
+            self._closed = True
+            self._close_fds()
+
+    def _close_fds(self) -> None:
+        with self._fd_readers.exclusive():
+            self._generation += 1
+            for fd in (self._log_fd, self._idx_fd):
+                if fd is not None:
+                    try:
+                        self.ops.close(fd)
+                    except OSError:
+                        pass
+            self._log_fd = self._idx_fd = None
+            self._loaded = False
+
+    def _io_error(self, action: str, exc: OSError) -> Io:
+        return Io(
+            f"{action} failed for conversation log {self.paths.log}: {exc.strerror or exc}", errno=exc.errno
+        )
+
+    # ------------------------------------------------------------------ loading and recovery
+    def _load_locked_io(self) -> None:
+        """(Re)build state from disk. Caller holds ``_io_lock``. Never modifies files."""
+        self._close_fds()
+        self._reset_state()
+        try:
+            self._log_fd = self.ops.open(self.paths.log, os.O_RDWR)
+        except FileNotFoundError:
+            self._loaded = True
+            return
+        except OSError as exc:
+            raise self._io_error("open", exc) from exc
+        try:
+            try:
+                self._idx_fd = self.ops.open(self.paths.index, os.O_RDWR | os.O_CREAT)
+            except OSError as exc:  # the index is a hint: run without one rather than fail reads
+                log.warning("cannot open index %s: %s", self.paths.index, exc)
+            size = self.ops.size(self._log_fd)
+            entries = self._read_index_entries()
+            start, expected_seq, last_at = self._validate_index_tail(entries, size)
+            result = scan_log(
+                self.ops,
+                self._log_fd,
+                start=start,
+                expected_seq=expected_seq,
+                last_recorded_at=last_at,
+                file_size=size,
+            )
+            self._absorb_scan(result)
+            self._load_created_at()
+        except OSError as exc:
+            self._close_fds()
+            raise self._io_error("recovery read", exc) from exc
+        self._loaded = True
+
+    def _read_index_entries(self) -> bytearray:
+        if self._idx_fd is None:
+            return bytearray()
+        data = self.ops.pread(self._idx_fd, self.ops.size(self._idx_fd), 0)
+        if not header_ok(data):
+            return bytearray()
+        body = data[INDEX_HEADER_SIZE:]
+        return bytearray(body[: len(body) - len(body) % ENTRY_SIZE])
+
+    def _validate_index_tail(self, entries: bytearray, size: int) -> tuple[int, int, int | None]:
+        """Keep the longest index prefix whose last entry matches a good frame; return where to scan from
+        (offset, expected seq, last recorded_at). A checked entry is only ever written after its frame was
+        fsynced, so a checked entry whose frame is bad or missing marks corruption, not a torn tail."""
+        n = len(entries) // ENTRY_SIZE
+        acknowledged_bad: tuple[int, str] | None = None
+        while n > 0:
+            entry = decode_entry(entries, n - 1)
+            if entry is None:  # torn or zeroed entry (the index is not fsynced): just drop it
+                n -= 1
+                continue
+            offset, first_seq = entry
+            frame = self._read_frame(offset, size) if offset < size else None
+            if isinstance(frame, Frame) and frame.first_seq == first_seq:
+                del entries[n * ENTRY_SIZE :]
+                self._entries = entries
+                self._index_valid = n
+                self._end = frame.end
+                self._next_seq = frame.first_seq + frame.count
+                self._last_at = frame.recorded_at
+                self._tail_offset = frame.offset
+                self._index_corrupt_hint = acknowledged_bad
+                return frame.end, self._next_seq, frame.recorded_at
+            if isinstance(frame, Frame):  # a good frame with another seq: the index is wrong, not the log
+                log.warning("index %s disagrees with log at entry %d; rebuilding", self.paths.index, n - 1)
+                acknowledged_bad = None
+                break
+            reason = getattr(frame, "reason", None) or ("missing" if offset >= size else "incomplete")
+            acknowledged_bad = (min(offset, size), reason)
+            n -= 1
+        self._entries = bytearray()
+        self._index_corrupt_hint = acknowledged_bad
+        return 0, 0, None
+
+    def _absorb_scan(self, result: ScanResult) -> None:
+        for meta in result.frames:
+            self._entries += encode_entry(meta.offset, meta.first_seq)
+            self._end = meta.end
+            self._next_seq = meta.first_seq + meta.count
+            self._last_at = max(meta.recorded_at, self._last_at or meta.recorded_at)
+            self._tail_offset = meta.offset
+        hint, self._index_corrupt_hint = self._index_corrupt_hint, None
+        if result.state == "corrupt":
+            self._corrupt = (result.stop_offset, result.reason or "corrupt")  # type: ignore[assignment]
+        elif hint is not None and (result.stop_offset if result.state == "torn" else result.end) <= hint[0]:
+            # The scan stopped at or before a frame the index proves was acknowledged: not a torn tail.
+            stop = result.stop_offset if result.state == "torn" else result.end
+            self._corrupt = (stop, result.reason or hint[1])  # type: ignore[assignment]
+        elif result.state == "torn":
+            self._torn_at = result.stop_offset
+
+    def _load_created_at(self) -> None:
+        if self._next_seq == 0 or self._log_fd is None:
+            return
+        header = decode_header(self.ops.pread(self._log_fd, 64, 0))
+        self._created_at = header[3] if header else self._last_at
+
+    def _read_frame(self, offset: int, size: int) -> Frame | object:
+        assert self._log_fd is not None
+        head = self.ops.pread(self._log_fd, 12, offset)
+        probe = decode_frame(head, 0, offset)
+        if isinstance(probe, Frame) or not hasattr(probe, "needed"):
+            return probe
+        needed = probe.needed  # type: ignore[attr-defined]
+        return decode_frame(self.ops.pread(self._log_fd, min(needed, size - offset), offset), 0, offset)
+
+    # ------------------------------------------------------------------ freshness
+    def _ensure_fresh(self) -> None:
+        """Make the published state at least as new as the file, without waiting on a local writer."""
+        if self._closed:
+            raise Unavailable("store is closed")
+        if self._loaded and self._log_fd is not None and not self._leader_active:
+            try:
+                if self.ops.size(self._log_fd) == self._end:
+                    return
+            except OSError:
+                pass
+        elif self._loaded and self._log_fd is None and not self.ops.exists(self.paths.log):
+            return
+        if not self._io_lock.acquire(blocking=not self._loaded):
+            return  # a local leader is mid-commit; the published state is a consistent snapshot
+        try:
+            self._refresh_io(locked=False)
+        finally:
+            self._io_lock.release()
+
+    def _refresh_io(self, *, locked: bool) -> None:
+        """Bring state up to the file. Caller holds ``_io_lock`` (and the file lock if ``locked``).
+
+        Without the file lock, only complete frames are taken in; a torn tail may be another process's
+        write in flight and is left alone. With it, a torn tail is truncated (never acknowledged)."""
+        if self._closed:
+            raise Unavailable("store is closed")
+        if not self._loaded or self._log_fd is None:
+            with self._state_lock:
+                self._load_locked_io()
+        else:
+            try:
+                size = self.ops.size(self._log_fd)
+                tail_moved = size < self._end or not self._tail_matches()
+            except OSError as exc:
+                raise self._io_error("stat", exc) from exc
+            if tail_moved:  # another process cut the log back (repair): start over
+                with self._state_lock:
+                    self._load_locked_io()
+            elif size > self._end and self._corrupt is None:
+                try:
+                    result = scan_log(
+                        self.ops,
+                        self._log_fd,
+                        start=self._end,
+                        expected_seq=self._next_seq,
+                        last_recorded_at=self._last_at,
+                        file_size=size,
+                    )
+                except OSError as exc:
+                    raise self._io_error("read", exc) from exc
+                with self._state_lock:
+                    self._torn_at = None
+                    self._absorb_scan(result)
+                    if self._created_at is None:
+                        self._load_created_at()
+        if locked and self._torn_at is not None and self._corrupt is None:
+            self._truncate_torn_tail()
+
+    def _tail_matches(self) -> bool:
+        """The last frame we know is still where we left it (cheap: its magic and CRC bytes)."""
+        if self._tail_offset is None:
+            return True
+        assert self._log_fd is not None
+        return self.ops.pread(self._log_fd, 8, self._tail_offset) == self._tail_signature
+
+    @property
+    def _tail_signature(self) -> bytes:
+        # Cached per tail offset; read once after each publish.
+        sig = self.__dict__.get("_sig")
+        if sig is None or sig[0] != self._tail_offset:
+            assert self._log_fd is not None and self._tail_offset is not None
+            sig = (self._tail_offset, self.ops.pread(self._log_fd, 8, self._tail_offset))
+            self.__dict__["_sig"] = sig
+        return sig[1]
+
+    def _truncate_torn_tail(self) -> None:
+        assert self._log_fd is not None and self._torn_at is not None
+        size = self.ops.size(self._log_fd)
+        log.warning(
+            "truncating torn tail of %s at offset %d (%d unacknowledged bytes)",
+            self.paths.log,
+            self._end,
+            size - self._end,
+        )
+        try:
+            self.ops.ftruncate(self._log_fd, self._end)
+            self.ops.fdatasync(self._log_fd)
+        except OSError as exc:
+            self._poison()
+            raise self._io_error("truncate torn tail", exc) from exc
+        self._torn_at = None
+
+    def _poison(self) -> None:
+        """After a failed write/fsync: close everything; the next operation reopens with recovery.
+
+        The failed write may sit in the page cache looking complete while the disk never got it
+        (fsyncgate): cut the file back to the last acknowledged end so it is never served, and if even
+        that fails, recovery on reopen still classifies whatever is there."""
+        fd = self._log_fd
+        if fd is not None:
+            try:
+                self.ops.ftruncate(fd, self._end)
+                self.ops.fdatasync(fd)
+            except OSError:
+                pass
+        with self._state_lock:
+            self._close_fds()
+
+    # ------------------------------------------------------------------ appends
+    def append(self, request: AppendRequest) -> SeqRange:
+        """Commit one batch (group commit with concurrent callers). Blocks until durable or failed."""
+        with self._queue_cond:
+            self._pending.append(request)
+            while not request.done:
+                if not self._leader_active:
+                    self._leader_active = True
+                    group, self._pending = self._pending, []
+                    break
+                self._queue_cond.wait()
+            else:
+                return self._outcome(request)
+        try:
+            with self._io_lock:
+                self._commit_group(group)
+        except BaseException as exc:  # never strand a follower
+            for req in group:
+                if not req.done:
+                    req.error, req.done = exc, True
+        finally:
+            with self._queue_cond:
+                self._leader_active = False
+                self._queue_cond.notify_all()
+        return self._outcome(request)
+
+    @staticmethod
+    def _outcome(request: AppendRequest) -> SeqRange:
+        if request.error is not None:
+            raise request.error
+        assert request.result is not None
+        return request.result
+
+    def _commit_group(self, group: list[AppendRequest]) -> None:
+        if self._lock is None:
+            self.ops.makedirs_durable(self.paths.directory)
+            self._lock = lock_for(self.paths.lock)
+        self._lock.acquire(self.lock_timeout)
+        try:
+            self._refresh_io(locked=True)
+            if self._log_fd is None:
+                self._create_log()
+            if self._corrupt is not None:
+                offset, reason = self._corrupt
+                raise Corrupted(
+                    f"conversation log {self.paths.log} is corrupted at byte {offset} ({reason}); "
+                    "appends are refused until it is repaired (logstore fsck)",
+                    path=self.paths.log,
+                    offset=offset,
+                )
+            self._write_group(group)
+        finally:
+            self._lock.release()
+
+    def _create_log(self) -> None:
+        if self._on_create is not None:
+            self._on_create(self.conversation_id)  # durable manifest record first: manifest ⊇ logs on disk
+        try:
+            fd = self.ops.open(self.paths.log, os.O_RDWR | os.O_CREAT)
+            self.ops.close(fd)
+            self.ops.fsync_dir(self.paths.directory)
+        except OSError as exc:
+            raise self._io_error("create", exc) from exc
+        with self._state_lock:
+            self._load_locked_io()
+
+    def _write_group(self, group: list[AppendRequest]) -> None:
+        assert self._log_fd is not None
+        now = _now_us()
+        recorded_at = now if self._last_at is None else max(now, self._last_at)  # never goes back
+        write_start = self._end
+        seq, offset = self._next_seq, write_start
+        frames: list[bytes] = []
+        accepted: list[tuple[AppendRequest, int, int]] = []  # request, frame offset, first seq
+        for req in group:
+            if seq + req.count > MAX_CONVERSATION_ITEMS:
+                req.error = ConversationFull(
+                    f"conversation holds {seq} items; appending {req.count} would pass the limit of "
+                    f"{MAX_CONVERSATION_ITEMS}",
+                    stored=seq,
+                    requested=req.count,
+                    limit=MAX_CONVERSATION_ITEMS,
+                )
+                req.done = True
+                continue
+            frame = encode_frame(seq, req.count, recorded_at, write_start, req.encoded)
+            frames.append(frame)
+            accepted.append((req, offset, seq))
+            offset += len(frame)
+            seq += req.count
+        if not accepted:
+            return
+        try:
+            self.ops.pwrite(self._log_fd, b"".join(frames) if len(frames) > 1 else frames[0], write_start)
+            self.ops.fdatasync(self._log_fd)
+        except OSError as exc:
+            self._poison()
+            error = self._io_error("write+fdatasync", exc)
+            for req, _, _ in accepted:
+                req.error, req.done = error, True
+            return
+        # Durable. Publish, then extend the index (a hint; after the fsync, so it never leads the log).
+        new_entries = b"".join(encode_entry(off, first) for _, off, first in accepted)
+        with self._state_lock:
+            self._entries += new_entries
+            self._end = offset
+            self._next_seq = seq
+            if self._created_at is None:
+                self._created_at = recorded_at
+            self._last_at = recorded_at
+            self._tail_offset = accepted[-1][1]
+        self._write_index()
+        for req, _, first in accepted:
+            req.result, req.done = SeqRange(first, first + req.count - 1), True
+        if self._on_commit is not None:
+            assert self._created_at is not None
+            self._on_commit(CommitInfo(self.conversation_id, self._created_at, recorded_at, offset, seq))
+
+    def _write_index(self) -> None:
+        """Bring the index file up to the in-memory entries: rewrite from the first entry not known to
+        match, cut anything beyond. Failures only cost a later rescan, never an error to the client."""
+        if self._idx_fd is None:
+            return
+        have = len(self._entries)
+        try:
+            if self.ops.size(self._idx_fd) < INDEX_HEADER_SIZE:
+                self._index_valid = 0
+            start = self._index_valid * ENTRY_SIZE
+            if start < have:
+                chunk = bytes(self._entries[start:])
+                if start == 0:
+                    self.ops.pwrite(self._idx_fd, INDEX_HEADER + chunk, 0)
+                else:
+                    self.ops.pwrite(self._idx_fd, chunk, INDEX_HEADER_SIZE + start)
+            if self.ops.size(self._idx_fd) > INDEX_HEADER_SIZE + have:
+                self.ops.ftruncate(self._idx_fd, INDEX_HEADER_SIZE + have)
+            self._index_valid = have // ENTRY_SIZE
+        except OSError as exc:
+            log.warning("index write failed for %s (will be rebuilt from the log): %s", self.paths.index, exc)
+
+    def sync_index(self) -> None:
+        """fdatasync the index (on clean close), so the next open scans less of the log."""
+        with self._io_lock:
+            if self._idx_fd is not None:
+                try:
+                    self.ops.fdatasync(self._idx_fd)
+                except OSError as exc:
+                    log.warning("index sync failed for %s: %s", self.paths.index, exc)
+
+    # ------------------------------------------------------------------ reads
+    def read(self, start: int | None, limit: int) -> list[MemoryItem]:
+        """Items ``[start, start+limit)``; with ``start=None``, the last ``limit`` items."""
+        if limit <= 0:
+            return []
+        self._ensure_fresh()
+        for _attempt in range(3):
+            with self._state_lock:
+                entries, next_seq, end = self._entries, self._next_seq, self._end
+                corrupt, generation = self._corrupt, self._generation
+            first = max(0, next_seq - limit) if start is None else start
+            if corrupt is not None and first + limit > next_seq:
+                # The page would reach the damaged region (a short page would wrongly say "end of log").
+                raise self._corrupted(corrupt)
+            stop = min(first + limit, next_seq)
+            if first >= stop:
+                return []
+            try:
+                frames = self._read_frames(entries, first, stop, end, generation)
+            except _IndexMismatch:
+                self._verify_and_rebuild()
+                continue
+            except OSError as exc:
+                raise self._io_error("read", exc) from exc
+            if frames is None:  # descriptors were swapped under us (poison/reload): take a new snapshot
+                self._ensure_fresh()
+                continue
+            return self._items(frames, first, stop)
+        raise Unavailable(f"conversation {self.conversation_id} kept changing under a read; retry")
+
+    def _corrupted(self, corrupt: tuple[int, str]) -> Corrupted:
+        offset, reason = corrupt
+        return Corrupted(
+            f"conversation log {self.paths.log} is corrupted at byte {offset} ({reason})",
+            path=self.paths.log,
+            offset=offset,
+        )
+
+    def _read_frames(
+        self, entries: bytearray, first: int, stop: int, end: int, generation: int
+    ) -> list[Frame] | None:
+        n = len(entries) // ENTRY_SIZE
+        lo = bisect_right(range(n), first, key=lambda i: entry_first_seq(entries, i)) - 1
+        hi = bisect_right(range(n), stop - 1, key=lambda i: entry_first_seq(entries, i)) - 1
+        if lo < 0 or hi < lo:
+            raise _IndexMismatch
+        bounds = []
+        for i in range(lo, min(hi + 2, n)):
+            entry = decode_entry(entries, i)
+            if entry is None or (bounds and entry[0] <= bounds[-1][0]):
+                raise _IndexMismatch
+            bounds.append(entry)
+        region_start = bounds[0][0]
+        region_end = bounds[hi - lo + 1][0] if hi + 1 < n else end
+        with self._fd_readers:
+            if self._generation != generation or self._log_fd is None:
+                return None
+            data = self.ops.pread(self._log_fd, region_end - region_start, region_start)
+        frames: list[Frame] = []
+        pos = 0
+        for offset, first_seq in bounds[: hi - lo + 1]:
+            event = decode_frame(data, offset - region_start, region_start)
+            if not isinstance(event, Frame) or event.first_seq != first_seq:
+                raise _IndexMismatch
+            frames.append(event)
+            pos = event.end - region_start
+        if pos != len(data) or frames[-1].first_seq + frames[-1].count < stop:
+            raise _IndexMismatch
+        return frames
+
+    def _items(self, frames: list[Frame], first: int, stop: int) -> list[MemoryItem]:
+        out: list[MemoryItem] = []
+        for frame in frames:
+            at = micros_to_datetime(frame.recorded_at)
+            lo = max(first - frame.first_seq, 0)
+            hi = min(stop - frame.first_seq, frame.count)
+            for k in range(lo, hi):
+                try:
+                    payload = _decode_json(frame.items[k])
+                except msgspec.DecodeError as exc:  # CRC-valid but not JSON: written wrong, not rotted
+                    raise self._corrupted((frame.offset, "item-not-json")) from exc
+                out.append(MemoryItem(frame.first_seq + k, at, payload))
+        return out
+
+    def _verify_and_rebuild(self) -> None:
+        """The index disagreed with the log: rescan the whole log (the truth) and rebuild the index.
+        If the scan stops inside what we believed was good, that is corruption at the stop point."""
+        with self._io_lock:
+            if self._log_fd is None:
+                with self._state_lock:
+                    self._load_locked_io()
+                return
+            believed_end = self._end
+            try:
+                result = scan_log(self.ops, self._log_fd, start=0, expected_seq=0)
+            except OSError as exc:
+                raise self._io_error("verify read", exc) from exc
+            with self._state_lock:
+                self._entries = bytearray()
+                self._end, self._next_seq, self._last_at, self._tail_offset = 0, 0, None, None
+                self._corrupt = self._torn_at = None
+                self._index_valid = 0
+                self._absorb_scan(result)
+                if (
+                    result.state != "clean"
+                    and result.stop_offset is not None
+                    and result.stop_offset < believed_end
+                ):
+                    self._corrupt = (result.stop_offset, result.reason or "corrupt")
+                    self._torn_at = None
+                self._generation += 1
+            log.warning(
+                "rebuilt in-memory index of %s from the log (%d frames)", self.paths.log, len(result.frames)
+            )

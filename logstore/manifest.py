@@ -1,0 +1,458 @@
+"""Per-site manifest: the listing index (created_at / last_appended_at per conversation).
+
+Files in ``sites/<site>/manifest/`` (byte layout in docs/FORMAT.md, "Manifest"):
+
+    snapshot.<gen>   compacted state of every journal with a lower generation (atomically replaced)
+    journal.<gen>    append-only records, one per commit group per conversation; O_APPEND, shared by
+                     every process on the data dir
+    compact.lock     filelock taken only by the compactor
+
+Rules:
+- The manifest is a rebuildable index over the logs; the logs are the truth.
+- A conversation's *creation* record is fdatasynced before its log file is created, so after any crash
+  the manifest knows every conversation that exists on disk (manifest ⊇ logs).
+- Commit records are written after the log's fdatasync and are not synced themselves (no second fsync on
+  the append path). After a crash they may be missing; on load every known conversation's log size is
+  compared with the recorded one (a stat each) and only the changed logs' tails are read to reconcile.
+- Records merge by max: a record wins if its next_seq is higher (or equal with a later last_appended_at),
+  so duplicates, reordering between processes and re-appends after compaction are all harmless.
+- Compaction (off the append path, in a background thread): create journal.<N+1>, read snapshot.<N> +
+  journal.<N>, write snapshot.<N+1> (temp + fsync + rename + dir fsync), delete the old files. A writer
+  appends to the newest journal and then checks that no newer one exists; if one does, it re-appends
+  there. The compactor creates the new journal *before* reading the old one, so every record is either
+  read by the compactor or re-appended by its writer.
+- Listing is O(log n + limit): a SortedList keyed by (-last_appended_at, conversation_id); other
+  processes' appends are picked up on each list call by reading the journal's new bytes (one fstat).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import logging
+import os
+import struct
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import filelock
+import msgspec
+from crc32c import crc32c
+from sortedcontainers import SortedList
+
+from .conversation import CommitInfo
+from .errors import InvalidCursor, Io
+from .fileio import FileOps
+from .ids import is_valid_id
+from .models import ConversationListing, ConversationSummary, micros_to_datetime
+
+__all__ = ["SiteManifest", "Entry", "encode_record", "decode_records", "COMPACT_THRESHOLD"]
+
+log = logging.getLogger("logstore")
+_RECORD = struct.Struct("<qqQI")  # created_at (-1: none yet), last_appended_at (-1), log_size, next_seq
+_FRAME = struct.Struct("<II")  # body length, crc32c(body)
+_SNAPSHOT_MAGIC = b"LSMS\x01\x00\x00\x00"
+COMPACT_THRESHOLD = 4 * 1024 * 1024  # journal bytes before a compaction is scheduled
+
+
+@dataclass(slots=True)
+class Entry:
+    created_at: int
+    last_appended_at: int
+    log_size: int
+    next_seq: int
+
+    def newer_than(self, other: Entry) -> bool:
+        return (self.next_seq, self.last_appended_at, self.log_size) > (
+            other.next_seq,
+            other.last_appended_at,
+            other.log_size,
+        )
+
+
+def encode_record(conversation_id: str, entry: Entry) -> bytes:
+    cid = conversation_id.encode()
+    body = (
+        bytes([len(cid)])
+        + cid
+        + _RECORD.pack(entry.created_at, entry.last_appended_at, entry.log_size, entry.next_seq)
+    )
+    return _FRAME.pack(len(body), crc32c(body)) + body
+
+
+def decode_records(buf: bytes, pos: int = 0) -> tuple[list[tuple[str, Entry]], int, bool]:
+    """Records from ``buf[pos:]``: (records, position after the last complete one, damaged?).
+    A bad record stops decoding there (``damaged``): the caller reconciles from the logs."""
+    out: list[tuple[str, Entry]] = []
+    while pos + _FRAME.size <= len(buf):
+        length, crc = _FRAME.unpack_from(buf, pos)
+        end = pos + _FRAME.size + length
+        if end > len(buf):
+            break
+        body = buf[pos + _FRAME.size : end]
+        if length < 1 + _RECORD.size or crc32c(body) != crc or body[0] + 1 + _RECORD.size != length:
+            return out, pos, True
+        cid = body[1 : 1 + body[0]].decode("ascii", "replace")
+        if not is_valid_id(cid):
+            return out, pos, True
+        out.append((cid, Entry(*_RECORD.unpack_from(body, 1 + body[0]))))
+        pos = end
+    return out, pos, False
+
+
+class _Cursor(msgspec.Struct, array_like=True):
+    version: int
+    last_appended_at: int
+    conversation_id: str
+    mac: bytes
+
+
+class SiteManifest:
+    def __init__(
+        self,
+        ops: FileOps,
+        site_dir: str,
+        *,
+        site: str,
+        cursor_key: bytes,
+        open_conversation: Callable[[str], CommitInfo | None],
+    ) -> None:
+        self.ops = ops
+        self.site = site
+        self.directory = os.path.join(site_dir, "manifest")
+        self._cursor_key = cursor_key
+        self._open_conversation = open_conversation
+        self._lock = threading.RLock()
+        self._entries: dict[str, Entry] = {}
+        self._order: SortedList = SortedList()  # (-last_appended_at, conversation_id), listed ones only
+        self._gen = 0
+        self._journal_fd: int | None = None
+        self._read_pos = 0  # bytes of the active journal already applied
+        self._loaded = False
+        self._loading = False
+        self._compactor: threading.Thread | None = None
+        self._compact_wanted = threading.Event()
+        self._closed = False
+
+    # ------------------------------------------------------------------ loading
+    def ensure_loaded(self) -> None:
+        with self._lock:
+            if self._loaded or self._loading:
+                return
+            self._loading = True
+            try:
+                self._load()
+                self._reconcile()
+                self._loaded = True
+            finally:
+                self._loading = False
+
+    def _generations(self) -> tuple[list[int], list[int]]:
+        try:
+            names = self.ops.listdir(self.directory)
+        except FileNotFoundError:
+            return [], []
+        snaps, journals = [], []
+        for name in names:
+            kind, _, gen = name.partition(".")
+            if gen.isdigit() and kind in ("snapshot", "journal"):
+                (snaps if kind == "snapshot" else journals).append(int(gen))
+        return sorted(snaps), sorted(journals)
+
+    def _load(self) -> None:
+        """Rebuild memory from the newest snapshot and every journal at or after its generation."""
+        self._entries.clear()
+        self._order.clear()
+        self._close_journal()
+        snaps, journals = self._generations()
+        base = snaps[-1] if snaps else 0
+        if snaps:
+            self._apply_snapshot(os.path.join(self.directory, f"snapshot.{base}"))
+        live = [g for g in journals if g >= base]
+        self._gen = live[-1] if live else base
+        for gen in live:
+            data = self.ops.read_file(self._path("journal", gen)) or b""
+            records, pos, damaged = decode_records(data)
+            self._apply(records)
+            if gen == self._gen:
+                self._read_pos = pos
+            if damaged:
+                log.warning("manifest journal %s damaged at byte %d; reconciling from logs", gen, pos)
+
+    def _apply_snapshot(self, path: str) -> None:
+        data = self.ops.read_file(path) or b""
+        body = data[len(_SNAPSHOT_MAGIC) : -4]
+        if not data.startswith(_SNAPSHOT_MAGIC) or struct.unpack("<I", data[-4:])[0] != crc32c(body):
+            log.warning("manifest snapshot %s damaged; the logs will be rescanned", path)
+            self._rebuild_from_logs = True
+            return
+        records, _, _ = decode_records(body)
+        self._apply(records)
+
+    def _apply(self, records: list[tuple[str, Entry]]) -> None:
+        for cid, entry in records:
+            current = self._entries.get(cid)
+            if current is not None and not entry.newer_than(current):
+                continue
+            if current is not None and current.next_seq > 0:
+                self._order.discard((-current.last_appended_at, cid))
+            if current is not None and entry.created_at < 0:
+                entry.created_at = current.created_at
+            self._entries[cid] = entry
+            if entry.next_seq > 0:
+                self._order.add((-entry.last_appended_at, cid))
+
+    def _reconcile(self) -> None:
+        """Compare each known log's size with the recorded one; re-read only the logs that changed."""
+        conv_root = os.path.join(os.path.dirname(self.directory), "conversations")
+        if getattr(self, "_rebuild_from_logs", False):
+            self._discover(conv_root)
+        from .store import conversation_paths  # local: store imports this module
+
+        data_dir = os.path.dirname(os.path.dirname(os.path.dirname(self.directory)))
+        changed = []
+        for cid, entry in list(self._entries.items()):
+            size = self.ops.stat_size(conversation_paths(data_dir, self.site, cid).log)
+            if (size or 0) != entry.log_size:
+                changed.append(cid)
+        for cid in changed:
+            info = self._open_conversation(cid)
+            if info is None:
+                self._apply([(cid, Entry(-1, -1, 0, 0))])
+                continue
+            entry = Entry(info.created_at, info.last_appended_at, info.log_size, info.next_seq)
+            self._force(cid, entry)
+            self._append_record(cid, entry)
+        if changed:
+            log.info(
+                "manifest for site %s reconciled %d conversation(s) from their logs", self.site, len(changed)
+            )
+
+    def _discover(self, conv_root: str) -> None:
+        """Last resort (damaged snapshot): find every log file under the site."""
+        for _dirpath, _dirs, files in os.walk(conv_root):
+            for name in files:
+                if name.endswith(".log") and is_valid_id(name[:-4]) and name[:-4] not in self._entries:
+                    self._entries[name[:-4]] = Entry(-1, -1, -1, 0)
+        self._rebuild_from_logs = False
+
+    def _force(self, cid: str, entry: Entry) -> None:
+        current = self._entries.get(cid)
+        if current is not None and current.next_seq > 0:
+            self._order.discard((-current.last_appended_at, cid))
+        self._entries[cid] = entry
+        if entry.next_seq > 0:
+            self._order.add((-entry.last_appended_at, cid))
+
+    # ------------------------------------------------------------------ journal
+    def _path(self, kind: str, gen: int) -> str:
+        return os.path.join(self.directory, f"{kind}.{gen}")
+
+    def _close_journal(self) -> None:
+        if self._journal_fd is not None:
+            try:
+                self.ops.close(self._journal_fd)
+            except OSError:
+                pass
+            self._journal_fd = None
+
+    def _journal(self) -> int:
+        if self._journal_fd is None:
+            self.ops.makedirs_durable(self.directory)
+            path = self._path("journal", self._gen)
+            existed = self.ops.exists(path)
+            self._journal_fd = self.ops.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+            if not existed:
+                self.ops.fsync_dir(self.directory)
+        return self._journal_fd
+
+    def _append_record(self, cid: str, entry: Entry, *, sync: bool = False) -> None:
+        """Append to the newest journal; if a compactor started a newer one meanwhile, append there too."""
+        record = encode_record(cid, entry)
+        try:
+            while True:
+                fd = self._journal()
+                self.ops.append(fd, record)
+                if sync:
+                    self.ops.fdatasync(fd)
+                if not self.ops.exists(self._path("journal", self._gen + 1)):
+                    break
+                self._catch_up()  # moves self._gen forward (and re-reads what others wrote)
+            size = self.ops.size(fd)
+        except OSError as exc:
+            self._close_journal()
+            raise Io(
+                f"manifest write failed for site {self.site}: {exc.strerror or exc}", errno=exc.errno
+            ) from exc
+        if size > COMPACT_THRESHOLD:
+            self._schedule_compaction()
+
+    def record_created(self, cid: str) -> None:
+        """Durably note that a conversation's log is about to be created (before it is)."""
+        with self._lock:
+            self.ensure_loaded()
+            if cid in self._entries:
+                return
+            entry = Entry(-1, -1, 0, 0)
+            self._append_record(cid, entry, sync=True)
+            self._apply([(cid, entry)])
+
+    def record_commit(self, info: CommitInfo) -> None:
+        """Note a durable append (called under the conversation lock, after the log's fdatasync)."""
+        entry = Entry(info.created_at, info.last_appended_at, info.log_size, info.next_seq)
+        with self._lock:
+            self.ensure_loaded()
+            self._apply([(info.conversation_id, entry)])
+            try:
+                self._append_record(info.conversation_id, entry)
+            except Io as exc:  # the append is durable already; reconciliation will repair the manifest
+                log.warning("%s", exc)
+
+    def _catch_up(self) -> None:
+        """Apply records other processes appended; follow compactions to newer journals."""
+        while True:
+            if self._journal_fd is not None or self.ops.exists(self._path("journal", self._gen)):
+                data = self.ops.read_file(self._path("journal", self._gen)) or b""
+                if len(data) > self._read_pos:
+                    records, pos, _ = decode_records(data, self._read_pos)
+                    self._apply(records)
+                    self._read_pos = pos
+            if not self.ops.exists(self._path("journal", self._gen + 1)):
+                return
+            self._close_journal()
+            self._gen += 1
+            self._read_pos = 0
+
+    # ------------------------------------------------------------------ listing
+    def list_page(self, cursor: str | None, limit: int) -> ConversationListing:
+        with self._lock:
+            self.ensure_loaded()
+            self._refresh()
+            start = 0
+            if cursor is not None:
+                last_at, cid = self._decode_cursor(cursor)
+                start = self._order.bisect_right((-last_at, cid))
+            keys = list(self._order.islice(start, start + limit)) if limit else []
+            has_more = limit > 0 and start + len(keys) < len(self._order)
+            summaries = []
+            for neg_last, cid in keys:
+                entry = self._entries[cid]
+                summaries.append(
+                    ConversationSummary(
+                        cid, micros_to_datetime(entry.created_at), micros_to_datetime(-neg_last)
+                    )
+                )
+        next_cursor = self._encode_cursor(-keys[-1][0], keys[-1][1]) if has_more and keys else None
+        return ConversationListing(summaries, next_cursor)
+
+    def _refresh(self) -> None:
+        """Cheap check for other processes' records: one stat of the active journal."""
+        size = self.ops.stat_size(self._path("journal", self._gen))
+        if (size is not None and size > self._read_pos) or self.ops.exists(
+            self._path("journal", self._gen + 1)
+        ):
+            self._catch_up()
+
+    def _mac(self, last_at: int, cid: str) -> bytes:
+        msg = f"{self.site}\0{last_at}\0{cid}".encode()
+        return hmac.new(self._cursor_key, msg, hashlib.sha256).digest()[:12]
+
+    def _encode_cursor(self, last_at: int, cid: str) -> str:
+        raw = msgspec.msgpack.encode(_Cursor(1, last_at, cid, self._mac(last_at, cid)))
+        return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+    def _decode_cursor(self, cursor: str) -> tuple[int, str]:
+        try:
+            raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+            parsed = msgspec.msgpack.decode(raw, type=_Cursor)
+        except (ValueError, msgspec.DecodeError) as exc:
+            raise InvalidCursor("cursor is malformed: pass back a next_cursor exactly as returned") from exc
+        if parsed.version != 1 or not hmac.compare_digest(
+            parsed.mac, self._mac(parsed.last_appended_at, parsed.conversation_id)
+        ):
+            raise InvalidCursor(
+                "cursor was not issued for this site's listing (tampered, or from another site)"
+            )
+        return parsed.last_appended_at, parsed.conversation_id
+
+    # ------------------------------------------------------------------ compaction
+    def _schedule_compaction(self) -> None:
+        if self._compactor is None or not self._compactor.is_alive():
+            self._compactor = threading.Thread(
+                target=self._compaction_loop, name=f"logstore-compact-{self.site}", daemon=True
+            )
+            self._compactor.start()
+        self._compact_wanted.set()
+
+    def _compaction_loop(self) -> None:
+        while not self._closed:
+            if not self._compact_wanted.wait(timeout=1.0):
+                continue
+            self._compact_wanted.clear()
+            try:
+                self.compact()
+            except Exception:  # noqa: BLE001 - compaction is an optimisation; the journal stays valid
+                log.exception("manifest compaction failed for site %s", self.site)
+
+    def compact(self) -> bool:
+        """Fold the active journal into a new snapshot. Returns False if another process is compacting."""
+        lock = filelock.FileLock(
+            os.path.join(self.directory, "compact.lock"),
+            timeout=0,
+            thread_local=False,
+            fallback_to_soft=False,
+            preserve_lock_file=True,
+        )
+        try:
+            lock.acquire()
+        except filelock.Timeout:
+            return False
+        try:
+            with self._lock:
+                self._catch_up()
+                gen = self._gen
+            new_journal = self._path("journal", gen + 1)
+            fd = self.ops.open(new_journal, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+            self.ops.close(fd)
+            self.ops.fsync_dir(self.directory)
+            # State as of snapshot.<gen> + journal.<gen>, read from disk (includes other processes).
+            state = SiteManifest(
+                self.ops,
+                os.path.dirname(self.directory),
+                site=self.site,
+                cursor_key=self._cursor_key,
+                open_conversation=self._open_conversation,
+            )
+            state._load_upto(gen)
+            body = b"".join(encode_record(cid, e) for cid, e in state._entries.items())
+            self.ops.atomic_write(
+                self._path("snapshot", gen + 1), _SNAPSHOT_MAGIC + body + struct.pack("<I", crc32c(body))
+            )
+            for old in (self._path("journal", gen), self._path("snapshot", gen)):
+                if self.ops.exists(old):
+                    self.ops.unlink(old)
+            self.ops.fsync_dir(self.directory)
+            with self._lock:
+                self._catch_up()
+            return True
+        finally:
+            lock.release()
+
+    def _load_upto(self, gen: int) -> None:
+        snaps, journals = self._generations()
+        snaps = [g for g in snaps if g <= gen]
+        base = snaps[-1] if snaps else 0
+        if snaps:
+            self._apply_snapshot(self._path("snapshot", base))
+        for g in journals:
+            if base <= g <= gen:
+                records, _, _ = decode_records(self.ops.read_file(self._path("journal", g)) or b"")
+                self._apply(records)
+
+    def close(self) -> None:
+        self._closed = True
+        self._compact_wanted.set()
+        with self._lock:
+            self._close_journal()

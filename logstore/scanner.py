@@ -1,0 +1,158 @@
+"""Recovery scanner: walks a log file's frames and classifies what follows the last good one.
+
+Rules (docs/FORMAT.md, "Recovery"):
+- Frames must be valid (magic, length, CRC32C, item structure) and continue the seq: frame k+1 starts
+  at frame k's last seq + 1. The first frame that is not both is the *stop point* ``p``.
+- Torn tail (never acknowledged; recovery truncates at ``p``): the bytes from ``p`` are an incomplete
+  frame, zeros or garbage, and every valid frame found after ``p`` belongs to the same unfinished write,
+  i.e. has ``write_start <= p`` (a group commit whose fsync never returned).
+- Corruption (reported with the file and byte offset ``p``, never dropped): anything else, i.e. a valid
+  frame of a *later* write after ``p``, or a seq gap/overlap between two valid frames.
+- Callers that know a frame at or after ``p`` was acknowledged (it is in the index) treat ``p`` as
+  corruption regardless; see ``conversation.py``.
+
+The scanner reads through ``FileOps`` and never writes: truncation is the caller's decision, taken under
+the conversation lock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .fileio import FileOps
+from .frame import MAGIC, PREFIX_SIZE, Frame, FrameDecoder, Invalid, NeedMore, decode_frame
+
+__all__ = ["FrameMeta", "ScanResult", "scan_log", "first_valid_frame_after"]
+
+_CHUNK = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class FrameMeta:
+    offset: int
+    size: int
+    first_seq: int
+    count: int
+    recorded_at: int
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.size
+
+
+@dataclass(slots=True)
+class ScanResult:
+    frames: list[FrameMeta] = field(default_factory=list)
+    end: int = 0  # end of the last good frame: where the next frame goes
+    next_seq: int = 0
+    last_recorded_at: int | None = None
+    state: str = "clean"  # clean | torn | corrupt
+    stop_offset: int | None = None  # p, for torn and corrupt
+    reason: str | None = (
+        None  # why the frame at p is not good (bad-magic, crc-mismatch, incomplete, seq-gap...)
+    )
+    file_size: int = 0
+    timestamp_regressions: list[int] = field(
+        default_factory=list
+    )  # offsets of frames older than the previous
+
+    @property
+    def bytes_after_end(self) -> int:
+        return self.file_size - self.end
+
+
+def scan_log(
+    ops: FileOps,
+    fd: int,
+    *,
+    start: int = 0,
+    expected_seq: int = 0,
+    last_recorded_at: int | None = None,
+    file_size: int | None = None,
+    keep_frames: bool = True,
+) -> ScanResult:
+    """Scan from ``start`` (a frame boundary whose frame must begin at ``expected_seq``) to end of file."""
+    size = ops.size(fd) if file_size is None else file_size
+    result = ScanResult(end=start, next_seq=expected_seq, last_recorded_at=last_recorded_at, file_size=size)
+    decoder = FrameDecoder(start, keep_items=False)
+    pos = start
+    while True:
+        event = decoder.next_event()
+        if isinstance(event, Frame):
+            if event.first_seq != result.next_seq:
+                _stop(ops, fd, result, event.offset, "seq-gap", size)
+                return result
+            if result.last_recorded_at is not None and event.recorded_at < result.last_recorded_at:
+                result.timestamp_regressions.append(event.offset)
+            if keep_frames:
+                result.frames.append(
+                    FrameMeta(event.offset, event.size, event.first_seq, event.count, event.recorded_at)
+                )
+            result.end = event.end
+            result.next_seq = event.first_seq + event.count
+            result.last_recorded_at = max(event.recorded_at, result.last_recorded_at or event.recorded_at)
+            continue
+        if isinstance(event, NeedMore) and pos < size:
+            want = max(_CHUNK, event.needed - decoder.buffered)
+            chunk = ops.pread(fd, min(want, size - pos), pos)
+            if not chunk:
+                break
+            decoder.feed(chunk)
+            pos += len(chunk)
+            continue
+        if isinstance(event, NeedMore):
+            if decoder.buffered == 0:
+                return result  # clean end of file
+            _stop(ops, fd, result, event.offset, "incomplete", size)
+            return result
+        assert isinstance(event, Invalid)
+        _stop(ops, fd, result, event.offset, event.reason, size)
+        return result
+    return result
+
+
+def _stop(ops: FileOps, fd: int, result: ScanResult, offset: int, reason: str, size: int) -> None:
+    result.stop_offset = offset
+    result.reason = reason
+    if reason == "seq-gap":
+        result.state = "corrupt"
+        return
+    later = first_valid_frame_after(ops, fd, offset, size, later_write_only=True)
+    result.state = "corrupt" if later is not None else "torn"
+
+
+def first_valid_frame_after(
+    ops: FileOps, fd: int, offset: int, size: int, *, later_write_only: bool = False
+) -> Frame | None:
+    """The first valid frame starting after ``offset`` (found by its magic), or None.
+
+    With ``later_write_only``, frames with ``write_start <= offset`` (same unfinished write as the bytes at
+    ``offset``) are skipped: they do not make the bytes at ``offset`` corruption.
+    """
+    pos = offset + 1
+    carry = b""
+    while pos < size:
+        chunk = ops.pread(fd, min(_CHUNK, size - pos), pos)
+        if not chunk:
+            return None
+        window = carry + chunk
+        window_base = pos - len(carry)
+        hit = window.find(MAGIC)
+        while hit != -1:
+            candidate = window_base + hit
+            frame = _frame_at(ops, fd, candidate, size)
+            if frame is not None and not (later_write_only and frame.write_start <= offset):
+                return frame
+            hit = window.find(MAGIC, hit + 1)
+        carry = window[-(len(MAGIC) - 1) :]
+        pos += len(chunk)
+    return None
+
+
+def _frame_at(ops: FileOps, fd: int, offset: int, size: int) -> Frame | None:
+    prefix = ops.pread(fd, PREFIX_SIZE, offset)
+    probe = decode_frame(prefix, 0, offset, keep_items=False)
+    if not isinstance(probe, NeedMore) or probe.needed > size - offset:
+        return None
+    event = decode_frame(ops.pread(fd, probe.needed, offset), 0, offset, keep_items=False)
+    return event if isinstance(event, Frame) else None

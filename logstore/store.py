@@ -1,0 +1,215 @@
+"""``Store``: the public engine API over sites, conversations and the handle cache.
+
+Layout under ``data_dir`` (docs/FORMAT.md, "Layout"):
+
+    sites/<site>/conversations/<h1>/<h2>/<conversation_id>.log   the record log (the truth)
+    sites/<site>/conversations/<h1>/<h2>/<conversation_id>.idx   sidecar seq index (a hint)
+    sites/<site>/conversations/<h1>/<h2>/<conversation_id>.lock  flock target, never deleted
+    sites/<site>/manifest/...                                     listing index (see manifest.py)
+    secret                                                        key that signs list cursors
+
+``h1``/``h2`` are the two bytes of BLAKE2b-16 of the conversation id in hex, so a million conversations
+spread over 65,536 leaf directories (~15 conversations, ~45 files each).
+
+Strategy: validation and JSON encoding happen before any lock; the conversation's ``ConversationLog``
+does recovery, group commit and reads; at most ``max_open_conversations`` logs keep descriptors open
+(least recently used are closed when idle), so millions of conversations never exhaust descriptors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from .batch import encode_batch
+from .conversation import AppendRequest, CommitInfo, ConversationLog, ConversationPaths
+from .errors import InvalidArgument, Unavailable
+from .fileio import OS_FILE_OPS, FileOps
+from .ids import validate_conversation_id, validate_site
+from .limits import DEFAULT_LIST_LIMIT, DEFAULT_RECALL_COUNT, MAX_READ_COUNT
+from .manifest import SiteManifest
+from .models import ConversationListing, MemoryItem, SeqRange
+
+__all__ = ["Store", "conversation_paths"]
+
+
+def conversation_paths(data_dir: str, site: str, conversation_id: str) -> ConversationPaths:
+    digest = hashlib.blake2b(conversation_id.encode(), digest_size=2).hexdigest()
+    directory = os.path.join(data_dir, "sites", site, "conversations", digest[:2], digest[2:])
+    base = os.path.join(directory, conversation_id)
+    return ConversationPaths(directory, base + ".log", base + ".idx", base + ".lock")
+
+
+def _check_count(name: str, value: object, maximum: int = MAX_READ_COUNT) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= maximum:
+        raise InvalidArgument(f"{name} must be an integer from 0 to {maximum}, got {value!r}", field=name)
+    return value
+
+
+class Store:
+    def __init__(
+        self,
+        data_dir: str | os.PathLike[str],
+        *,
+        lock_timeout: float = 5.0,
+        file_ops: FileOps = OS_FILE_OPS,
+        max_open_conversations: int = 256,
+    ) -> None:
+        self.data_dir = os.path.abspath(os.fspath(data_dir))
+        self.lock_timeout = float(lock_timeout)
+        self.ops = file_ops
+        self.max_open_conversations = max(1, max_open_conversations)
+        self.ops.makedirs_durable(os.path.join(self.data_dir, "sites"))
+        self._cursor_key = self._load_secret()
+        self._guard = threading.Lock()
+        self._handles: OrderedDict[tuple[str, str], ConversationLog] = OrderedDict()
+        self._users: dict[tuple[str, str], int] = {}
+        self._manifests: dict[str, SiteManifest] = {}
+        self._closed = False
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ public API
+    def append(self, site: str, conversation_id: str, items: Sequence[dict[str, Any]]) -> SeqRange:
+        """Append one batch atomically; returns its seq range once it is durable (fdatasynced)."""
+        site = validate_site(site)
+        conversation_id = validate_conversation_id(conversation_id)
+        encoded, count = encode_batch(items)
+        with self._conversation(site, conversation_id) as conv:
+            return conv.append(AppendRequest(encoded, count))
+
+    def recall(self, site: str, conversation_id: str, count: int = DEFAULT_RECALL_COUNT) -> list[MemoryItem]:
+        """The last ``count`` items in ascending seq order (fewer if the log holds fewer)."""
+        site = validate_site(site)
+        conversation_id = validate_conversation_id(conversation_id)
+        _check_count("count", count)
+        with self._conversation(site, conversation_id) as conv:
+            return conv.read(None, count)
+
+    def replay(
+        self, site: str, conversation_id: str, offset: int = 0, limit: int = MAX_READ_COUNT
+    ) -> list[MemoryItem]:
+        """Up to ``limit`` items from seq ``offset`` on; a short page means the end of the log."""
+        site = validate_site(site)
+        conversation_id = validate_conversation_id(conversation_id)
+        _check_count("limit", limit)
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise InvalidArgument(f"offset must be a non-negative integer, got {offset!r}", field="offset")
+        with self._conversation(site, conversation_id) as conv:
+            return conv.read(offset, limit)
+
+    def list_conversations(
+        self, site: str, cursor: str | None = None, limit: int = DEFAULT_LIST_LIMIT
+    ) -> ConversationListing:
+        """One page of the site's conversations, most recently appended first (keyset pagination)."""
+        site = validate_site(site)
+        _check_count("limit", limit)
+        if cursor is not None and not isinstance(cursor, str):
+            raise InvalidArgument("cursor must be a string or null", field="cursor")
+        return self._manifest(site).list_page(cursor, limit)
+
+    def close(self) -> None:
+        with self._guard:
+            if self._closed:
+                return
+            self._closed = True
+            handles = list(self._handles.values())
+            self._handles.clear()
+            manifests = list(self._manifests.values())
+        for conv in handles:
+            conv.sync_index()
+            conv.close()
+        for manifest in manifests:
+            manifest.close()
+
+    # ------------------------------------------------------------------ internals
+    def _load_secret(self) -> bytes:
+        path = os.path.join(self.data_dir, "secret")
+        key = self.ops.read_file(path)
+        if key is None or len(key) != 32:
+            self.ops.atomic_write(path, secrets.token_bytes(32))
+            key = self.ops.read_file(path)
+        assert key is not None
+        return key
+
+    def _manifest(self, site: str) -> SiteManifest:
+        with self._guard:
+            if self._closed:
+                raise Unavailable("store is closed")
+            manifest = self._manifests.get(site)
+            if manifest is None:
+                manifest = SiteManifest(
+                    self.ops,
+                    os.path.join(self.data_dir, "sites", site),
+                    site=site,
+                    cursor_key=self._cursor_key,
+                    open_conversation=lambda cid: self._summary(site, cid),
+                )
+                self._manifests[site] = manifest
+        manifest.ensure_loaded()  # outside the guard: reconciliation opens conversations
+        return manifest
+
+    def _summary(self, site: str, conversation_id: str) -> CommitInfo | None:
+        with self._conversation(site, conversation_id) as conv:
+            return conv.summary()
+
+    @contextmanager
+    def _conversation(self, site: str, conversation_id: str) -> Iterator[ConversationLog]:
+        key = (site, conversation_id)
+        manifest = self._manifest(site)
+        with self._guard:
+            if self._closed:
+                raise Unavailable("store is closed")
+            conv = self._handles.get(key)
+            if conv is None:
+                conv = self._open_conversation(manifest, site, conversation_id)
+                self._handles[key] = conv
+            else:
+                self._handles.move_to_end(key)
+            self._users[key] = self._users.get(key, 0) + 1
+            evict = self._pick_evictions()
+        for victim in evict:
+            victim.close()
+        try:
+            yield conv
+        finally:
+            with self._guard:
+                remaining = self._users[key] - 1
+                if remaining:
+                    self._users[key] = remaining
+                else:
+                    del self._users[key]
+
+    def _open_conversation(self, manifest: SiteManifest, site: str, conversation_id: str) -> ConversationLog:
+        return ConversationLog(
+            self.ops,
+            conversation_id,
+            conversation_paths(self.data_dir, site, conversation_id),
+            lock_timeout=self.lock_timeout,
+            on_create=manifest.record_created,
+            on_commit=manifest.record_commit,
+        )
+
+    def _pick_evictions(self) -> list[ConversationLog]:
+        """Idle least-recently-used handles beyond the bound. Caller holds ``_guard``."""
+        victims = []
+        excess = len(self._handles) - self.max_open_conversations
+        if excess <= 0:
+            return victims
+        for key in list(self._handles):
+            if excess <= 0:
+                break
+            if key not in self._users:
+                victims.append(self._handles.pop(key))
+                excess -= 1
+        return victims
