@@ -578,8 +578,8 @@ class ConversationLog:
                 entries, next_seq, end = self._entries, self._next_seq, self._end
                 corrupt, generation = self._corrupt, self._generation
             first = max(0, next_seq - limit) if start is None else start
-            if corrupt is not None and first + limit > next_seq:
-                # The page would reach the damaged region (a short page would wrongly say "end of log").
+            if corrupt is not None and (start is None or first + limit > next_seq):
+                # The tail is unknown past the damage, and a short page would wrongly say "end of log".
                 raise self._corrupted(corrupt)
             stop = min(first + limit, next_seq)
             if first >= stop:

@@ -55,6 +55,7 @@ _RECORD = struct.Struct("<qqQI")  # created_at (-1: none yet), last_appended_at 
 _FRAME = struct.Struct("<II")  # body length, crc32c(body)
 _SNAPSHOT_MAGIC = b"LSMS\x01\x00\x00\x00"
 COMPACT_THRESHOLD = 4 * 1024 * 1024  # journal bytes before a compaction is scheduled
+_BEFORE_ALL = 2**62  # a cursor position before every real timestamp (limit=0 pages)
 
 
 @dataclass(slots=True)
@@ -219,8 +220,13 @@ class SiteManifest:
                 changed.append(cid)
         for cid in changed:
             info = self._open_conversation(cid)
-            if info is None:
-                self._apply([(cid, Entry(-1, -1, 0, 0))])
+            if info is None:  # log gone or empty (e.g. cut back by fsck --truncate-corrupt)
+                self._force(
+                    cid,
+                    Entry(
+                        -1, -1, self.ops.stat_size(conversation_paths(data_dir, self.site, cid).log) or 0, 0
+                    ),
+                )
                 continue
             entry = Entry(info.created_at, info.last_appended_at, info.log_size, info.next_seq)
             self._force(cid, entry)
@@ -313,17 +319,28 @@ class SiteManifest:
     def _catch_up(self) -> None:
         """Apply records other processes appended; follow compactions to newer journals."""
         while True:
-            if self._journal_fd is not None or self.ops.exists(self._path("journal", self._gen)):
-                data = self.ops.read_file(self._path("journal", self._gen)) or b""
-                if len(data) > self._read_pos:
-                    records, pos, _ = decode_records(data, self._read_pos)
-                    self._apply(records)
-                    self._read_pos = pos
+            data = self._read_tail(self._path("journal", self._gen), self._read_pos)
+            if data:
+                records, used, _ = decode_records(data)
+                self._apply(records)
+                self._read_pos += used
             if not self.ops.exists(self._path("journal", self._gen + 1)):
                 return
             self._close_journal()
             self._gen += 1
             self._read_pos = 0
+
+    def _read_tail(self, path: str, pos: int) -> bytes:
+        """Bytes of ``path`` from ``pos`` to its end (empty if it does not exist)."""
+        try:
+            fd = self.ops.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return b""
+        try:
+            size = self.ops.size(fd)
+            return self.ops.pread(fd, size - pos, pos) if size > pos else b""
+        finally:
+            self.ops.close(fd)
 
     # ------------------------------------------------------------------ listing
     def list_page(self, cursor: str | None, limit: int) -> ConversationListing:
@@ -335,7 +352,7 @@ class SiteManifest:
                 last_at, cid = self._decode_cursor(cursor)
                 start = self._order.bisect_right((-last_at, cid))
             keys = list(self._order.islice(start, start + limit)) if limit else []
-            has_more = limit > 0 and start + len(keys) < len(self._order)
+            has_more = start + len(keys) < len(self._order)
             summaries = []
             for neg_last, cid in keys:
                 entry = self._entries[cid]
@@ -344,7 +361,12 @@ class SiteManifest:
                         cid, micros_to_datetime(entry.created_at), micros_to_datetime(-neg_last)
                     )
                 )
-        next_cursor = self._encode_cursor(-keys[-1][0], keys[-1][1]) if has_more and keys else None
+        if not has_more:
+            next_cursor = None
+        elif keys:
+            next_cursor = self._encode_cursor(-keys[-1][0], keys[-1][1])
+        else:  # limit 0 with conversations remaining: continue from the same position
+            next_cursor = cursor if cursor is not None else self._encode_cursor(_BEFORE_ALL, "")
         return ConversationListing(summaries, next_cursor)
 
     def _refresh(self) -> None:
