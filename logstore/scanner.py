@@ -17,6 +17,7 @@ the conversation lock.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .fileio import FileOps
@@ -70,11 +71,17 @@ def scan_log(
     last_recorded_at: int | None = None,
     file_size: int | None = None,
     keep_frames: bool = True,
+    keep_items: bool = False,
+    on_frame: Callable[[Frame], None] | None = None,
 ) -> ScanResult:
-    """Scan from ``start`` (a frame boundary whose frame must begin at ``expected_seq``) to end of file."""
+    """Scan from ``start`` (a frame boundary whose frame must begin at ``expected_seq``) to end of file.
+
+    ``on_frame`` is called with every good frame, in order, as it is decoded (with its items if
+    ``keep_items``): fsck's progress and ``logstore export``'s streaming use it, so they classify the log
+    exactly as recovery does without holding every frame in memory."""
     size = ops.size(fd) if file_size is None else file_size
     result = ScanResult(end=start, next_seq=expected_seq, last_recorded_at=last_recorded_at, file_size=size)
-    decoder = FrameDecoder(start, keep_items=False)
+    decoder = FrameDecoder(start, keep_items=keep_items)
     pos = start
     while True:
         event = decoder.next_event()
@@ -88,6 +95,8 @@ def scan_log(
                 result.frames.append(
                     FrameMeta(event.offset, event.size, event.first_seq, event.count, event.recorded_at)
                 )
+            if on_frame is not None:
+                on_frame(event)
             result.end = event.end
             result.next_seq = event.first_seq + event.count
             result.last_recorded_at = max(event.recorded_at, result.last_recorded_at or event.recorded_at)
