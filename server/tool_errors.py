@@ -1,9 +1,14 @@
 """The one place where failures become MCP tool errors.
 
-Every tool call's exception ends here. The result is a ``CallToolResult`` with ``isError: true`` whose
-``structuredContent`` (and, for text-only clients, its text content) is::
+Every tool call's exception ends here. The result is a ``CallToolResult`` with ``isError: true`` whose one
+text content block is the JSON document::
 
     {"error": {"code": "PayloadTooLarge", "message": "...", "retryable": false, ...details}}
+
+The body is deliberately *not* repeated as ``structuredContent``: the TypeScript SDK 1.x (and so every
+client built on it) validates ``structuredContent`` against the tool's output schema even when ``isError``
+is true, and an error body can never match ``AppendMemoryResponse`` and friends — such clients would throw a
+schema-mismatch protocol error and never show the agent the real error. The Python SDK parses either way.
 
 ``code`` is the spec's error name (or ``InvalidArgument`` / ``InvalidCursor`` / ``UnknownTool`` for
 argument errors the spec leaves unnamed), ``retryable`` follows the engine (true only for Unavailable,
@@ -71,7 +76,8 @@ def error_body(exc: BaseException, *, tool: str | None = None) -> dict[str, Any]
 def error_result(exc: BaseException, *, tool: str | None = None) -> types.CallToolResult:
     body = error_body(exc, tool=tool)
     return types.CallToolResult(
-        content=[types.TextContent(type="text", text=json.dumps(body, ensure_ascii=False))],
-        structured_content=body,
+        content=[
+            types.TextContent(type="text", text=json.dumps(body, ensure_ascii=False, separators=(",", ":")))
+        ],
         is_error=True,
     )

@@ -142,11 +142,19 @@ async def connect(url: str, site: str, password: str, mode: str) -> AsyncIterato
 
 
 async def call(client: Client, tool: str, arguments: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
-    """(is_error, structured content), after checking the text content carries the same JSON."""
+    """(is_error, the result JSON).
+
+    Success: ``structuredContent``, after checking the text content carries the same JSON. Error: the JSON
+    of the text content, after checking there is no ``structuredContent`` (see server/tool_errors.py).
+    """
     result = await client.call_tool(tool, arguments)
     assert len(result.content) == 1 and result.content[0].type == "text"
-    assert json.loads(result.content[0].text) == result.structured_content
-    return result.is_error, result.structured_content
+    body = json.loads(result.content[0].text)
+    if result.is_error:
+        assert result.structured_content is None
+        return True, body
+    assert body == result.structured_content
+    return False, result.structured_content
 
 
 def error_of(structured: dict[str, Any]) -> dict[str, Any]:
