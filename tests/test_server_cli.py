@@ -159,14 +159,15 @@ async def test_several_workers_share_one_data_dir(tmp_path):
     assert [i["seq"] for i in out["items"]] == list(range(36))  # gapless across processes
 
 
-async def test_stdio_mode(tmp_path):
+@pytest.mark.parametrize("mode", MODES)
+async def test_stdio_mode(tmp_path, mode):
     data_dir = str(tmp_path / "stdio")
     params = StdioServerParameters(
         command=logstore_cmd()[0],
         args=[*logstore_cmd()[1:], "serve", "--stdio", "--data-dir", data_dir, "--site", "alpha"],
         cwd=str(REPO),
     )
-    async with Client(params, mode="legacy") as client:
+    async with Client(params, mode=mode) as client:
         assert [t.name for t in (await client.list_tools()).tools][0] == "append_memory"
         assert await call(
             client, "append_memory", {"conversation_id": "stdio-conv-1", "items": [{"x": 1}]}
