@@ -1,0 +1,171 @@
+"""P1-P3 and the batch/item size sweep: append throughput of ``Store.append`` against same-run ceilings.
+
+Every round runs the engine and its baselines back to back (in a rotating order), so each paired ratio
+compares two measurements taken a second apart on the same disk. A conversation holds at most 100,000
+items: writers move to a fresh conversation when the next batch would not fit (the cost of creating a
+conversation, a few fsyncs, is then part of the figure, as it is in production).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from logstore import Store
+from logstore.limits import MAX_CONVERSATION_ITEMS
+
+from .baselines import frame_bytes, raw_fdatasync, sqlite_wal
+from .config import Profile, item_bytes, make_items
+from .stats import Goal, Row, fig, paired_ratio, run_threads
+
+__all__ = ["engine_appends", "measure_appends", "measure_sweep", "SITE"]
+
+SITE = "bench"
+BATCH_SIZES = (1, 10, 100, 250)
+ITEM_SIZES = (100, 4096, 65536)
+_DEFAULT_ITEM = 200
+_DEFAULT_BATCH = 10
+
+
+class _Rotator:
+    """Hands out conversation ids so that no conversation passes the item limit."""
+
+    def __init__(self, prefix: str, batch: int) -> None:
+        self._prefix = prefix
+        self._batch = batch
+        self._lock = threading.Lock()
+        self._gen = 0
+        self._used = 0
+
+    def reserve(self) -> str:
+        with self._lock:
+            if self._used + self._batch > MAX_CONVERSATION_ITEMS:
+                self._gen += 1
+                self._used = 0
+            self._used += self._batch
+            return f"{self._prefix}-{self._gen:04d}"
+
+
+_run_counter = [0]
+
+
+def engine_appends(
+    store: Store, items: list[dict[str, Any]], threads: int, duration: float, *, shared: bool = False
+) -> float:
+    """Batches/s of ``threads`` writers: each on its own conversation, or all on one if ``shared``."""
+    _run_counter[0] += 1
+    tag = f"run{_run_counter[0]:05d}"
+    common = _Rotator(f"{tag}-shared", len(items))
+
+    def setup(i: int) -> Callable[[], object]:
+        rot = common if shared else _Rotator(f"{tag}-w{i:02d}", len(items))
+        store.append(SITE, rot.reserve(), items)  # untimed: creates the conversation
+        return lambda: store.append(SITE, rot.reserve(), items)
+
+    count, elapsed = run_threads(threads, setup, duration)
+    return count / elapsed
+
+
+def measure_appends(profile: Profile, directory: str) -> list[Row]:
+    items = make_items(_DEFAULT_BATCH, _DEFAULT_ITEM)
+    frame = frame_bytes(items)
+    n = profile.threads
+    rates: dict[str, list[float]] = {k: [] for k in ("raw1", "eng1", "sqlite", "eng_shared", "rawN", "engN")}
+    with Store(directory + "/store") as store:
+        for r in range(profile.runs):
+            jobs: list[tuple[str, Callable[[], float]]] = [
+                ("raw1", lambda: raw_fdatasync(directory, frame, 1, profile.duration)),
+                ("eng1", lambda: engine_appends(store, items, 1, profile.duration)),
+                ("sqlite", lambda: sqlite_wal(directory, items, profile.duration)),
+                ("eng_shared", lambda: engine_appends(store, items, n, profile.duration, shared=True)),
+                ("rawN", lambda: raw_fdatasync(directory, frame, n, profile.duration)),
+                ("engN", lambda: engine_appends(store, items, n, profile.duration)),
+            ]
+            k = r % len(jobs)
+            for name, job in jobs[k:] + jobs[:k]:
+                rates[name].append(job())
+    eng1 = fig(rates["eng1"])
+    note = f"batches of {_DEFAULT_BATCH} items x {_DEFAULT_ITEM} B ({len(frame)} B frame per batch)"
+    return [
+        Row(
+            "P1",
+            "1 writer, batch 10 x 200 B: batches/s vs raw write+fdatasync",
+            "batches/s",
+            value=eng1,
+            baseline=fig(rates["raw1"]),
+            baseline_name="raw 1 thread",
+            ratio=paired_ratio(rates["eng1"], rates["raw1"]),
+            goal=Goal(">=", 0.90, ">= 0.90x raw"),
+            note=note,
+        ),
+        Row(
+            "P1",
+            "1 writer, batch 10 x 200 B: batches/s vs SQLite WAL FULL",
+            "batches/s",
+            value=eng1,
+            baseline=fig(rates["sqlite"]),
+            baseline_name="sqlite WAL sync=FULL",
+            ratio=paired_ratio(rates["eng1"], rates["sqlite"]),
+            goal=Goal(">=", 1.4, ">= 1.4x SQLite"),
+        ),
+        Row(
+            "P2",
+            f"{n} writers on {n} conversations: batches/s vs raw {n} threads on {n} files",
+            "batches/s",
+            value=fig(rates["engN"]),
+            baseline=fig(rates["rawN"]),
+            baseline_name=f"raw {n} threads",
+            ratio=paired_ratio(rates["engN"], rates["rawN"]),
+            goal=Goal(">=", 0.80, f">= 0.80x raw {n}-thread"),
+        ),
+        Row(
+            "P3",
+            f"{n} writers on one conversation (group commit): batches/s vs P1",
+            "batches/s",
+            value=fig(rates["eng_shared"]),
+            baseline=eng1,
+            baseline_name="P1 engine, same round",
+            ratio=paired_ratio(rates["eng_shared"], rates["eng1"]),
+            goal=Goal(">=", 3.0, ">= 3x P1"),
+        ),
+    ]
+
+
+def measure_sweep(profile: Profile, directory: str) -> list[Row]:
+    """Single writer; batch sizes at 200 B items, item sizes at batches of 10. Items/s and payload MB/s,
+    with the raw ceiling for the same frame bytes (informational: no goal)."""
+    configs = [(b, _DEFAULT_ITEM) for b in BATCH_SIZES] + [(_DEFAULT_BATCH, s) for s in ITEM_SIZES]
+    rows = []
+    with Store(directory + "/sweep") as store:
+        for batch, size in configs:
+            items = make_items(batch, size)
+            payload = item_bytes(items)
+            frame = frame_bytes(items)
+            eng: list[float] = []
+            raw: list[float] = []
+            for r in range(profile.runs):
+                for which in ("eng", "raw") if r % 2 == 0 else ("raw", "eng"):
+                    if which == "eng":
+                        eng.append(engine_appends(store, items, 1, profile.sweep_duration))
+                    else:
+                        raw.append(raw_fdatasync(directory, frame, 1, profile.sweep_duration))
+            rows.append(
+                Row(
+                    f"S-b{batch}-i{size}",
+                    f"sweep: batch {batch} x {size} B items, 1 writer",
+                    "items/s",
+                    value=fig([e * batch for e in eng]),
+                    baseline=fig([x * batch for x in raw]),
+                    baseline_name="raw 1 thread, same bytes",
+                    ratio=paired_ratio(eng, raw),
+                    extra={
+                        "payload_mb_s": fig([e * payload / 1e6 for e in eng]).to_json(),
+                        "raw_payload_mb_s": fig([x * payload / 1e6 for x in raw]).to_json(),
+                        "batch": batch,
+                        "item_size": size,
+                        "frame_bytes": len(frame),
+                    },
+                )
+            )
+    return rows

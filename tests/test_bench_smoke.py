@@ -1,0 +1,68 @@
+"""Smoke test for the benchmarks: ``python -m bench --tiny`` runs every measure on toy sizes and produces
+the table and the JSON results. It asserts that the bench works, never how fast anything is."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+IDS = ("P1", "P2", "P3", "P4", "P5", "P6", "P7", "P8")
+
+
+def _run_bench(tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedProcess[str], dict]:
+    out = tmp_path / "results"
+    scratch = tmp_path / "scratch"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench",
+            "--tiny",
+            "--no-plot",
+            "--out",
+            str(out),
+            "--tmp-dir",
+            str(scratch),
+            *extra,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    assert os.listdir(scratch) == [], "scratch data must be deleted"
+    latest = json.loads((out / "latest-tiny.json").read_text())
+    return proc, latest
+
+
+def test_bench_tiny_produces_table_and_json(tmp_path: Path) -> None:
+    proc, latest = _run_bench(tmp_path)
+    header = proc.stdout.splitlines()[0]
+    assert header.split()[:3] == ["id", "measure", "result"]
+    ids = {row["id"] for row in latest["rows"]}
+    assert set(IDS) <= ids
+    assert any(i.startswith("S-b250") for i in ids) and any(i.endswith("-i65536") for i in ids)
+    for row in latest["rows"]:
+        assert "FAILED" not in row["note"], row
+        if row["id"] in ("P6", "P8") and row["value"] is None:
+            assert row["note"].startswith("not available"), row  # optional components say why
+            continue
+        assert row["value"]["samples"], row
+        if row["goal"] is not None:
+            assert isinstance(row["met"], bool), row
+        assert f"{row['id']}  " in proc.stdout
+    p5 = [r for r in latest["rows"] if r["id"] == "P5"]
+    assert p5 and all("LAYOUT CHECK FAILED" not in r["note"] for r in p5)
+    assert latest["environment"]["cpus"] >= 1
+
+
+def test_bench_only_selects_measures(tmp_path: Path) -> None:
+    proc, latest = _run_bench(tmp_path, "--only", "P4", "--markdown")
+    assert {row["id"] for row in latest["rows"]} == {"P4"}
+    assert proc.stdout.startswith("| id | measure |")
