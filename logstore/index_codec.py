@@ -52,8 +52,10 @@ def decode_entry(entries: bytes | bytearray | memoryview, i: int) -> tuple[int, 
     """(frame_offset, first_seq) of entry ``i`` in an entries buffer (header stripped), or None if its
     check fails."""
     pos = i * ENTRY_SIZE
+    if len(entries) < pos + ENTRY_SIZE:
+        return None
     body = bytes(entries[pos : pos + 12])
-    if len(body) != 12 or _CHECK.unpack_from(entries, pos + 12)[0] != crc32c(body):
+    if _CHECK.unpack_from(entries, pos + 12)[0] != crc32c(body):
         return None
     return _ENTRY_BODY.unpack(body)
 

@@ -28,6 +28,7 @@ __all__ = ["PathLock", "lock_for"]
 
 _registry: weakref.WeakValueDictionary[str, PathLock] = weakref.WeakValueDictionary()
 _registry_guard = threading.Lock()
+_held: set[PathLock] = set()  # a held lock must not be collected (its __del__ would drop the flock)
 
 
 def lock_for(path: str) -> PathLock:
@@ -61,6 +62,7 @@ class PathLock:
             while True:
                 try:
                     fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    _held.add(self)
                     return
                 except BlockingIOError:
                     pass
@@ -79,6 +81,7 @@ class PathLock:
     def release(self) -> None:
         assert self._fd is not None
         fcntl.flock(self._fd, fcntl.LOCK_UN)
+        _held.discard(self)
         self._thread_lock.release()
 
     def __enter__(self) -> PathLock:  # pragma: no cover - convenience; timeout-less use is for tests
