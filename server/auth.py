@@ -105,7 +105,7 @@ class Authenticator:
         )
         ok = ok and entry is not None and parsed is not None
         if self._entries is not entries_seen:
-            return None if not ok else await self.authenticate(authorization)  # reloaded meanwhile: recheck
+            return await self.authenticate(authorization)  # credentials reloaded meanwhile: decide afresh
         cache = self._good if ok else self._bad
         if len(cache) >= _CACHE_MAX:
             cache.clear()

@@ -6,7 +6,7 @@ session manager, argument validation and error funnel, but returns a constant wi
 or a worker thread.
 
     python -m server.bench_app serve --data-dir D --port P          # the bench server
-    python -m server.bench_app measure --url URL --site S --password PW --clients 16 --seconds 12
+    python -m server.bench_app measure --url URL --site S --password PW --processes 4   # 16 clients
 """
 
 from __future__ import annotations
@@ -15,12 +15,13 @@ import argparse
 import asyncio
 import contextlib
 import json
+import multiprocessing
 import os
 import statistics
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .config import ServeConfig
@@ -73,25 +74,23 @@ async def _drive(
         count[0] += 1
 
 
-async def measure(
+async def _run_schedule(
     url: str,
     site: str,
     password: str,
-    *,
-    tools: Sequence[str] = ("noop", "append_memory"),
-    clients: int = 16,
-    seconds: float = 6.0,
-    rounds: int = 3,
-    mode: str = "auto",
-) -> dict[str, float]:
-    """Tool calls per second, summed over ``clients`` concurrent clients (one connection each, one
-    conversation each for appends). The tools alternate in ``rounds`` phases, so that load drift on a shared
-    machine affects them alike; each tool's rate is the median over its phases."""
+    tools: Sequence[str],
+    clients: int,
+    phase: float,
+    rounds: int,
+    mode: str,
+    ready: Callable[[], None],
+) -> list[int]:
+    """Connect ``clients`` clients, warm up, call ``ready()``, then run the phases; calls per phase."""
     import httpx2
     from mcp import Client
     from mcp.client.streamable_http import streamable_http_client
 
-    rates: dict[str, list[float]] = {tool: [] for tool in tools}
+    counts = []
     async with contextlib.AsyncExitStack() as stack:
         sessions = []
         for _ in range(clients):
@@ -100,35 +99,82 @@ async def measure(
             sessions.append((await stack.enter_async_context(client), f"bench-{uuid.uuid4().hex[:16]}"))
         for tool in tools:  # warm-up: credentials cached, conversation files created
             await asyncio.gather(*(c.call_tool(tool, _arguments(tool, cid)) for c, cid in sessions))
-        phase = seconds / (rounds * len(tools))
-        for _ in range(rounds):
-            for tool in tools:
-                count = [0]
-                start = time.monotonic()
-                await asyncio.gather(
-                    *(_drive(c, tool, _arguments(tool, cid), start + phase, count) for c, cid in sessions)
-                )
-                rates[tool].append(count[0] / (time.monotonic() - start))
+        await asyncio.to_thread(ready)
+        start = time.monotonic()
+        for k in range(rounds * len(tools)):
+            tool, count = tools[k % len(tools)], [0]
+            deadline = start + (k + 1) * phase
+            await asyncio.gather(
+                *(_drive(c, tool, _arguments(tool, cid), deadline, count) for c, cid in sessions)
+            )
+            counts.append(count[0])
+    return counts
+
+
+def _process_main(args: tuple[Any, ...], barrier: Any, out: Any) -> None:
+    out.put(asyncio.run(_run_schedule(*args, ready=barrier.wait)))
+
+
+def measure(
+    url: str,
+    site: str,
+    password: str,
+    *,
+    tools: Sequence[str] = ("noop", "append_memory"),
+    clients: int = 16,
+    processes: int = 1,
+    seconds: float = 6.0,
+    rounds: int = 3,
+    mode: str = "auto",
+) -> dict[str, float]:
+    """Tool calls per second, summed over ``clients`` concurrent clients (one connection each, one
+    conversation each for appends), spread over ``processes`` client processes so the Python client side
+    is not the bottleneck. The tools alternate in ``rounds`` phases, so that load drift on a shared machine
+    affects them alike; each tool's rate is the median over its phases."""
+    phase = seconds / (rounds * len(tools))
+    shares = [clients // processes + (1 if i < clients % processes else 0) for i in range(processes)]
+    if processes == 1:
+        per_phase = asyncio.run(
+            _run_schedule(url, site, password, tools, clients, phase, rounds, mode, ready=lambda: None)
+        )
+    else:
+        ctx = multiprocessing.get_context("spawn")
+        barrier, out = ctx.Barrier(processes), ctx.Queue()
+        procs = [
+            ctx.Process(
+                target=_process_main,
+                args=((url, site, password, tuple(tools), n, phase, rounds, mode), barrier, out),
+            )
+            for n in shares
+        ]
+        for proc in procs:
+            proc.start()
+        results = [out.get(timeout=120 + seconds) for _ in procs]
+        for proc in procs:
+            proc.join()
+        per_phase = [sum(column) for column in zip(*results, strict=True)]
+    rates: dict[str, list[float]] = {tool: [] for tool in tools}
+    for k, count in enumerate(per_phase):
+        rates[tools[k % len(tools)]].append(count / phase)
     return {tool: statistics.median(values) for tool, values in rates.items()}
 
 
 def _measure(args: argparse.Namespace) -> None:
-    rates = asyncio.run(
-        measure(
-            args.url,
-            args.site,
-            args.password,
-            tools=args.tools,
-            clients=args.clients,
-            seconds=args.seconds,
-            rounds=args.rounds,
-            mode=args.mode,
-        )
+    rates = measure(
+        args.url,
+        args.site,
+        args.password,
+        tools=args.tools,
+        clients=args.clients,
+        processes=args.processes,
+        seconds=args.seconds,
+        rounds=args.rounds,
+        mode=args.mode,
     )
     out: dict[str, Any] = {tool: round(rate, 1) for tool, rate in rates.items()}
     if "noop" in rates and "append_memory" in rates:
         out["append_over_noop"] = round(rates["append_memory"] / rates["noop"], 3)
-    out.update(clients=args.clients, mode=args.mode)
+    out.update(clients=args.clients, processes=args.processes, mode=args.mode)
     print(json.dumps(out))
 
 
@@ -144,6 +190,7 @@ def main(argv: list[str] | None = None) -> None:
     m.add_argument("--site", required=True)
     m.add_argument("--password", default=os.environ.get("LOGSTORE_BENCH_PASSWORD"))
     m.add_argument("--clients", type=int, default=16)
+    m.add_argument("--processes", type=int, default=1, help="client processes the clients are spread over")
     m.add_argument("--seconds", type=float, default=6.0, help="total measuring time, all tools")
     m.add_argument("--rounds", type=int, default=3)
     m.add_argument("--mode", default="auto", help="client protocol mode: auto | legacy | 2026-07-28")

@@ -5,16 +5,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import pytest
-
 from server.bench_app import measure
 from server.credentials import CredentialsFile
 from tests.server_support import REPO, free_port, wait_healthy
 
-pytestmark = pytest.mark.anyio
 
-
-async def test_bench_variant_serves_noop_and_the_spec_tools(tmp_path):
+def test_bench_variant_serves_noop_and_the_spec_tools(tmp_path):
     CredentialsFile(str(tmp_path)).add("bench", "pw")
     port = free_port()
     proc = subprocess.Popen(
@@ -23,9 +19,10 @@ async def test_bench_variant_serves_noop_and_the_spec_tools(tmp_path):
     )
     try:
         wait_healthy(f"http://127.0.0.1:{port}", proc)
-        for mode in ("legacy", "2026-07-28"):
-            rates = await measure(
-                f"http://127.0.0.1:{port}/mcp", "bench", "pw", clients=2, seconds=0.4, rounds=1, mode=mode
+        url = f"http://127.0.0.1:{port}/mcp"
+        for mode, processes in (("legacy", 1), ("2026-07-28", 2)):
+            rates = measure(
+                url, "bench", "pw", clients=2, processes=processes, seconds=0.4, rounds=1, mode=mode
             )
             assert set(rates) == {"noop", "append_memory"} and min(rates.values()) > 0
     finally:
