@@ -65,6 +65,7 @@ class Authenticator:
         self._entries: dict[str, dict[str, Any]] = {}
         self._good: dict[bytes, SiteUser] = {}
         self._bad: set[bytes] = set()
+        self._pending: dict[bytes, anyio.Event] = {}  # header digests being verified right now
         self._kdf_limiter = anyio.CapacityLimiter(2)
         # Unknown sites are checked against this, so they take as long as a wrong password does.
         self._decoy = hash_password("decoy")
@@ -96,6 +97,19 @@ class Authenticator:
             return user
         if key in self._bad:
             return None
+        pending = self._pending.get(key)
+        if pending is not None:
+            # Clients tend to open several connections at once with the same credentials: one KDF run.
+            await pending.wait()
+            return await self.authenticate(authorization)
+        self._pending[key] = event = anyio.Event()
+        try:
+            return await self._verify(key, authorization)
+        finally:
+            del self._pending[key]
+            event.set()
+
+    async def _verify(self, key: bytes, authorization: bytes) -> SiteUser | None:
         parsed = _parse_basic(authorization)
         site, password = parsed if parsed is not None else ("", "")
         entry = self._entries.get(site) if is_valid_site(site) else None
@@ -104,8 +118,8 @@ class Authenticator:
             verify_password, entry or self._decoy, password, limiter=self._kdf_limiter
         )
         ok = ok and entry is not None and parsed is not None
-        if self._entries is not entries_seen:
-            return await self.authenticate(authorization)  # credentials reloaded meanwhile: decide afresh
+        if self._entries is not entries_seen:  # credentials reloaded meanwhile: decide afresh
+            return await self._verify(key, authorization)
         cache = self._good if ok else self._bad
         if len(cache) >= _CACHE_MAX:
             cache.clear()

@@ -219,6 +219,24 @@ async def test_kdf_runs_once_per_credential_then_requests_are_cheap(tmp_path, mo
     assert per_request < 200e-6, f"cached authentication took {per_request * 1e6:.0f} us"
 
 
+async def test_concurrent_first_requests_share_one_kdf_run(tmp_path, monkeypatch):
+    creds = CredentialsFile(str(tmp_path))
+    creds.add("alpha", "alpha-pw")
+    calls = []
+    real_verify = auth_module.verify_password
+    monkeypatch.setattr(auth_module, "verify_password", lambda e, pw: calls.append(pw) or real_verify(e, pw))
+    authenticator = Authenticator(creds)
+    results = []
+
+    async def one() -> None:
+        results.append(await authenticator.authenticate(basic("alpha", "alpha-pw").encode()))
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(16):
+            tg.start_soon(one)
+    assert [u.site for u in results] == ["alpha"] * 16 and calls == ["alpha-pw"]
+
+
 async def test_unknown_site_costs_a_kdf_run_too(tmp_path, monkeypatch):
     """No shortcut for unknown sites: their timing must not reveal which sites exist."""
     creds = CredentialsFile(str(tmp_path))
