@@ -78,10 +78,19 @@ class ArgumentValidator:
         props: Mapping[str, Any] = tool.input_schema.get("properties", {})
         self._defaults = {name: spec["default"] for name, spec in props.items() if "default" in spec}
         self._integers = tuple(name for name, spec in props.items() if spec.get("type") == "integer")
+        self._max_items = {name: spec["maxItems"] for name, spec in props.items() if "maxItems" in spec}
 
     def __call__(self, arguments: Mapping[str, Any] | None) -> dict[str, Any]:
         """Return the arguments with schema defaults applied, or raise a ``LogstoreError``."""
         args = dict(arguments or {})
+        for name, bound in self._max_items.items():
+            # Checked before jsonschema, which would first type-check every entry: an 8 MiB body of `{}`s
+            # is millions of entries, and validation runs on the event loop.
+            value = args.get(name)
+            if isinstance(value, list) and len(value) > bound:
+                raise errors.InvalidArgument(
+                    f"argument '{name}' may hold at most {bound} entries", field=name
+                )
         # Only the first error is reported: iterating all of them costs O(items) for a bad batch.
         error = next(iter(self._validator.iter_errors(args)), None)
         if error is not None:

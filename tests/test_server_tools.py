@@ -8,11 +8,16 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import uuid
 
+import anyio
 import pytest
 
+from logstore import errors
 from server.credentials import CredentialsFile
+from server.spec_tools import tools_by_name
+from server.validation import ArgumentValidator
 from tests.server_support import MODES, call, connect, error_of, serve
 
 pytestmark = pytest.mark.anyio
@@ -272,6 +277,27 @@ async def test_argument_errors_are_permanent_tool_errors(server, mode, tool, arg
         assert "[{'a': 1}" not in err["message"] and "not-a-cursor" not in err["message"]
         # The server is still fine afterwards.
         assert not (await call(c, "recall_memory", {"conversation_id": "conv-00001"}))[0]
+
+
+async def test_huge_batch_is_rejected_quickly(server):
+    """Millions of tiny items fit in one request body; the item-count bound is checked before anything
+    walks them, so the server answers at once and stays responsive."""
+    async with client(server, "2026-07-28") as c:
+        start = anyio.current_time()
+        is_error, out = await call(
+            c, "append_memory", {"conversation_id": new_id(), "items": [{}] * 1_000_000}
+        )
+        assert is_error and error_of(out)["field"] == "items"
+        assert anyio.current_time() - start < 3
+
+
+def test_item_count_bound_is_checked_before_walking_the_items():
+    """jsonschema alone takes seconds to reach maxItems on a million entries (type-checking each first)."""
+    validate = ArgumentValidator(tools_by_name()["append_memory"])
+    start = time.perf_counter()
+    with pytest.raises(errors.InvalidArgument):
+        validate({"conversation_id": "conv-00001", "items": [{}] * 1_000_000})
+    assert time.perf_counter() - start < 0.05
 
 
 async def test_float_integers_are_accepted(server, mode):
