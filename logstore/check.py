@@ -1,0 +1,302 @@
+"""Verification and repair of a data dir (``logstore fsck``), in the style of diskcache's ``check(fix=...)``.
+
+    from logstore.check import check
+    report = check("/var/lib/logstore", repair=False)
+    report.exit_code          # 0 clean | 1 all fixed | 4 errors left | 8 operational (OR-ed, as e2fsck)
+    report.findings           # [Finding(kind, file, message, site, conversation, offset, seqs, fixed, ...)]
+    report.summary()          # conversations, frames, items, bytes, elapsed, MB/s, counts
+
+What is checked: every site and conversation (``check_log``: frames, seqs, timestamps, torn tail vs
+corruption with the recovery scanner itself, the index in both directions), every site manifest against
+the logs (``check_manifest``), and the files of the layout (``Store`` in store.py): anything in the wrong
+place, unknown, or left over. It is safe beside running servers: each conversation is finished under its
+own lock (the one appends take), a manifest rebuild under the manifest's compaction lock.
+
+What is repaired (``repair=True``): torn tails are cut (bytes saved first to ``<log>.broken-<time>``),
+stale or wrong indexes rebuilt, the manifest rebuilt from the logs. Corruption inside acknowledged data is
+cut only with ``truncate_corrupt=True``. Nothing else is ever removed: unknown and orphan files are
+reported, never deleted. A second repair run finds nothing (exit 0).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections.abc import Iterator
+
+from .check_log import ConversationOutcome, check_conversation, current_entry
+from .check_manifest import ManifestView, describe_mismatch, manifest_dir, stray_findings
+from .check_report import CheckContext, CheckReport, Finding, ProgressCallback, stray_kind
+from .errors import InvalidArgument, Timeout
+from .fileio import OS_FILE_OPS, FileOps
+from .ids import is_valid_id, is_valid_site, validate_conversation_id, validate_site
+from .manifest import Entry
+from .store import conversation_paths
+
+__all__ = ["check", "CheckReport", "Finding"]
+
+_TOP_LEVEL = {"sites", "secret", "credentials.json", "credentials.lock"}
+_CONVERSATION_SUFFIXES = (".log", ".idx", ".lock")
+_HEX2 = frozenset(f"{i:02x}" for i in range(256))
+
+
+def check(
+    data_dir: str | os.PathLike[str],
+    *,
+    site: str | None = None,
+    conversation: str | None = None,
+    repair: bool = False,
+    truncate_corrupt: bool = False,
+    lock_timeout: float = 5.0,
+    progress: ProgressCallback | None = None,
+    file_ops: FileOps = OS_FILE_OPS,
+) -> CheckReport:
+    """Check (and repair) ``data_dir``, or one site, or one conversation (in ``site`` or in every site).
+
+    Raises ``InvalidArgument`` for a data dir that does not exist or is not one, or a bad site name or
+    conversation id; every other problem is a finding in the report."""
+    root = os.path.abspath(os.fspath(data_dir))
+    if not os.path.isdir(root):
+        raise InvalidArgument(f"data dir {root} does not exist or is not a directory", field="data_dir")
+    if site is not None:
+        validate_site(site)
+    if conversation is not None:
+        validate_conversation_id(conversation)
+    if lock_timeout < 0:
+        raise InvalidArgument(f"lock_timeout must be >= 0, got {lock_timeout!r}", field="lock_timeout")
+    started = time.monotonic()
+    report = CheckReport(root)
+    ctx = CheckContext(
+        file_ops,
+        root,
+        report,
+        repair=repair or truncate_corrupt,
+        truncate_corrupt=truncate_corrupt,
+        lock_timeout=lock_timeout,
+        progress=progress,
+    )
+    filtered = site is not None or conversation is not None
+    if not filtered:
+        _check_top_level(ctx)
+    plans = [(name, _plan_site(ctx, name, conversation)) for name in _sites(ctx, site)]
+    ctx.total_bytes = sum(size for _, plan in plans for size in plan.values())
+    for name, plan in plans:
+        if conversation is not None and not plan:
+            continue  # the conversation has no files in this site
+        report.sites += 1
+        _check_site(ctx, name, plan, whole_site=conversation is None)
+    ctx.advance(0, force=True)
+    report.elapsed = time.monotonic() - started
+    return report
+
+
+# ---------------------------------------------------------------------- layout
+def _sites(ctx: CheckContext, only: str | None) -> list[str]:
+    sites_dir = os.path.join(ctx.data_dir, "sites")
+    if only is not None:
+        return [only] if os.path.isdir(os.path.join(sites_dir, only)) else []
+    try:
+        entries = sorted(os.scandir(sites_dir), key=lambda e: e.name)
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        ctx.found("io-error", sites_dir, f"cannot list sites: {exc.strerror or exc}")
+        return []
+    names = []
+    for entry in entries:
+        if entry.is_dir(follow_symlinks=False) and is_valid_site(entry.name):
+            names.append(entry.name)
+        else:
+            ctx.found("unknown-file", entry.path, "not a site directory (left alone)")
+    return names
+
+
+def _check_top_level(ctx: CheckContext) -> None:
+    for entry in os.scandir(ctx.data_dir):
+        if entry.name in _TOP_LEVEL:
+            continue
+        _stray(ctx, entry.path, entry.name, None)
+
+
+def _stray(ctx: CheckContext, path: str, name: str, site: str | None) -> None:
+    kind = stray_kind(name)
+    if kind is not None:
+        ctx.found(kind, path, "logstore does not write this file here (left alone)", site=site)
+
+
+def _leaf(cid: str) -> tuple[str, str]:
+    digest = hashlib.blake2b(cid.encode(), digest_size=2).hexdigest()
+    return digest[:2], digest[2:]
+
+
+def _plan_site(ctx: CheckContext, site: str, only: str | None) -> dict[str, int]:
+    """Conversations of a site to check, with their log sizes (for the progress total). Walking also
+    reports files that do not belong; an index without its log is reported here (nothing to check)."""
+    if only is not None:
+        paths = conversation_paths(ctx.data_dir, site, only)
+        size = ctx.ops.stat_size(paths.log)
+        if size is None and ctx.ops.exists(paths.index):
+            _orphan_index(ctx, site, only, paths.index)
+        return {} if size is None else {only: size}
+    site_dir = os.path.join(ctx.data_dir, "sites", site)
+    for entry in os.scandir(site_dir):
+        if entry.name not in ("conversations", "manifest"):
+            _stray(ctx, entry.path, entry.name, site)
+    plan: dict[str, int] = {}
+    for leaf, h1h2, files in _leaves(ctx, site):
+        logs: dict[str, int] = {}
+        indexes: set[str] = set()
+        for name, size in files:
+            base, dot, suffix = name.rpartition(".")
+            if ".log.broken-" in name:
+                ctx.report.broken_files += 1
+            elif dot and "." + suffix in _CONVERSATION_SUFFIXES and is_valid_id(base):
+                if _leaf(base) != h1h2:
+                    ctx.found(
+                        "misplaced-file",
+                        os.path.join(leaf, name),
+                        f"belongs in conversations/{'/'.join(_leaf(base))}/: the engine never looks here",
+                        site=site,
+                        conversation=base,
+                    )
+                elif suffix == "log":
+                    logs[base] = size
+                elif suffix == "idx":
+                    indexes.add(base)
+            else:
+                _stray(ctx, os.path.join(leaf, name), name, site)
+        for cid in sorted(indexes - logs.keys()):
+            _orphan_index(ctx, site, cid, os.path.join(leaf, cid + ".idx"))
+        plan.update(logs)
+    return plan
+
+
+def _orphan_index(ctx: CheckContext, site: str, cid: str, path: str) -> Finding:
+    return ctx.found("orphan-file", path, "index without its log (left alone)", site=site, conversation=cid)
+
+
+def _leaves(ctx: CheckContext, site: str) -> Iterator[tuple[str, tuple[str, str], list[tuple[str, int]]]]:
+    """(leaf dir, (h1, h2), [(file name, size)]) for every fan-out leaf; anything else is reported."""
+    root = os.path.join(ctx.data_dir, "sites", site, "conversations")
+    try:
+        level1 = sorted(os.scandir(root), key=lambda e: e.name)
+    except FileNotFoundError:
+        return
+    for d1 in level1:
+        if not (d1.is_dir(follow_symlinks=False) and d1.name in _HEX2):
+            _stray(ctx, d1.path, d1.name, site)
+            continue
+        for d2 in sorted(os.scandir(d1.path), key=lambda e: e.name):
+            if not (d2.is_dir(follow_symlinks=False) and d2.name in _HEX2):
+                _stray(ctx, d2.path, d2.name, site)
+                continue
+            files = []
+            for f in os.scandir(d2.path):
+                if f.is_file(follow_symlinks=False):
+                    files.append((f.name, f.stat(follow_symlinks=False).st_size))
+                else:
+                    _stray(ctx, f.path, f.name, site)
+            yield d2.path, (d1.name, d2.name), sorted(files)
+
+
+# ---------------------------------------------------------------------- per site
+def _check_site(ctx: CheckContext, site: str, plan: dict[str, int], *, whole_site: bool) -> None:
+    view = ManifestView(ctx, site)
+    try:
+        view.load()
+    except OSError as exc:
+        ctx.add(
+            Finding("io-error", ctx.rel(view.directory), f"cannot read: {exc.strerror or exc}", site=site)
+        )
+        return
+    stale: dict[str, tuple[Finding, Entry]] = {}
+    checked: dict[str, Entry] = {}
+    unchecked: set[str] = set()
+    mdir = manifest_dir(ctx.data_dir, site)
+
+    for cid in sorted(plan):
+        paths = conversation_paths(ctx.data_dir, site, cid)
+
+        def compare(outcome: ConversationOutcome, cid: str = cid) -> None:
+            # Under the conversation lock: a writer's manifest record for every append it finished is
+            # in the journal by now, so a second look settles any race with it.
+            derived = outcome.entry
+            assert derived is not None
+            problem = _mismatch(view.entries.get(cid), derived, outcome.corrupt)
+            if problem is not None:
+                view.refresh()
+                problem = _mismatch(view.entries.get(cid), derived, outcome.corrupt)
+            if problem is not None:
+                finding = ctx.found("manifest-stale", mdir, problem, site=site, conversation=cid)
+                stale[cid] = (finding, derived)
+
+        outcome = check_conversation(ctx, site, cid, paths, compare)
+        ctx.report.conversations += 1
+        if outcome.checked and outcome.entry is not None:
+            checked[cid] = outcome.entry
+        else:
+            unchecked.add(cid)
+
+    problems = [finding for finding, _ in stale.values()]
+    for path, offset, message in view.damage:
+        problems.append(
+            ctx.add(Finding("manifest-damaged", ctx.rel(path), message, site=site, offset=offset))
+        )
+    if whole_site:
+        for cid, entry in sorted(view.entries.items()):
+            log_path = conversation_paths(ctx.data_dir, site, cid).log
+            if cid in plan or entry.next_seq == 0 or ctx.ops.exists(log_path):
+                continue  # listed and checked, never appended to, or created during the check
+            problems.append(
+                ctx.found(
+                    "missing-log",
+                    log_path,
+                    f"the manifest lists {entry.next_seq} item(s) but the log is gone: they are lost",
+                    site=site,
+                    conversation=cid,
+                    seqs=(0, entry.next_seq - 1),
+                )
+            )
+        for finding in stray_findings(view):
+            ctx.add(finding)
+    if not ctx.repair or not problems:
+        return
+    try:
+        if whole_site:
+            view.rebuild(
+                checked,
+                lambda cid, known: current_entry(ctx, conversation_paths(ctx.data_dir, site, cid), known),
+                unchecked,
+            )
+            for finding in problems:
+                finding.fixed = finding.kind != "missing-log"  # the listing is right again; the data is not
+                finding.message += "; manifest rebuilt from the logs" if finding.fixed else ""
+        else:
+            _fix_entries(view, stale)
+    except Timeout as exc:
+        ctx.found("lock-timeout", mdir, f"{exc}: manifest not repaired", site=site)
+    except OSError as exc:
+        ctx.found("io-error", mdir, f"manifest repair failed: {exc.strerror or exc}", site=site)
+
+
+def _mismatch(stored: Entry | None, derived: Entry, corrupt: bool) -> str | None:
+    if corrupt:  # a corrupt log's state is uncertain: only its presence in the manifest is checked
+        return None if stored is not None else describe_mismatch(None, derived)
+    return describe_mismatch(stored, derived)
+
+
+def _fix_entries(view: ManifestView, stale: dict[str, tuple[Finding, Entry]]) -> None:
+    """Repair of one conversation's manifest entry (``--conversation``): append a newer record. A record
+    cannot lower what the manifest claims (records merge by max): that takes a whole-site rebuild."""
+    fixes = {}
+    for cid, (finding, derived) in stale.items():
+        stored = view.entries.get(cid)
+        if stored is None or derived.newer_than(stored):
+            fixes[cid] = derived
+            finding.fixed = True
+            finding.message += "; corrected record appended to the manifest journal"
+        else:
+            finding.message += "; the manifest claims more than the log holds: run a whole-site repair"
+    if fixes:
+        view.append_records(fixes)

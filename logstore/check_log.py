@@ -1,0 +1,528 @@
+"""fsck of one conversation: its log (through the recovery scanner, ``scanner.scan_log``) and its index.
+
+How a conversation is checked (docs/FSCK.md):
+1. Unlocked pass: scan the whole log as recovery does, continuing past each corruption (from the next valid
+   frame, found by its magic) so that every damaged region and the seqs it affects are listed. Long scans
+   never block the server's appends.
+2. Locked pass, under the conversation's flock (the lock appends take): re-scan from the end of the last
+   good frame to the current end of file. A good prefix is immutable (the log is append-only; only a repair
+   cuts it, and a log it cuts is corrupt, which is rescanned whole), so this sees exactly what recovery
+   would see now, and an append in flight during pass 1 is never mistaken for a torn tail.
+3. Torn tail vs corruption, as in ``ConversationLog``: an index entry is written only after its frame was
+   fsynced, so a checked index entry at or past the scanner's stop point proves that bytes there were
+   acknowledged: that is corruption (``missing-frames`` if the log simply ends), never a torn tail.
+4. Index, both directions: entry i must equal frame i of the good prefix (offset, first seq, check);
+   fewer entries is lag (``index-stale``), any other disagreement ``index-wrong``. A corrupt log's index is
+   left alone: it may be the only evidence that the damaged bytes were acknowledged.
+5. Repair, still under the lock: removed bytes are first copied to ``<log>.broken-<timestamp>`` (file and
+   directory fsynced), then the log is cut and fsynced, then the index is replaced (temp + fsync + rename +
+   directory fsync). A torn tail is cut with ``repair``; corruption only with ``truncate_corrupt``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .check_report import CheckContext, Finding
+from .conversation import ConversationPaths
+from .errors import Timeout
+from .fileio import FileOps
+from .frame import Frame, decode_frame
+from .index_codec import ENTRY_SIZE, INDEX_HEADER, INDEX_HEADER_SIZE, decode_entry, encode_entry, header_ok
+from .locking import lock_for
+from .manifest import Entry
+from .scanner import FrameMeta, ScanResult, first_valid_frame_after, scan_log
+
+__all__ = [
+    "LogScan",
+    "ConversationOutcome",
+    "check_conversation",
+    "current_entry",
+    "scan_segments",
+    "save_broken",
+]
+
+_COPY_CHUNK = 4 * 1024 * 1024
+_REASON_KIND = {"incomplete": "truncated-frame"}  # other scanner reasons are kinds already
+
+
+@dataclass(slots=True)
+class LogScan:
+    """A log as the scanner sees it: segments of good frames, each ended by a stop (or the clean end).
+    Segment 0 starts at byte 0; segment k+1 starts at the first valid frame after segment k's stop."""
+
+    size: int
+    segments: list[ScanResult]
+
+    @property
+    def prefix(self) -> ScanResult:
+        return self.segments[0]
+
+    @property
+    def last(self) -> ScanResult:
+        return self.segments[-1]
+
+    @property
+    def corrupt(self) -> bool:
+        return any(seg.state == "corrupt" for seg in self.segments)
+
+    def all_frames(self) -> list[FrameMeta]:
+        return [meta for seg in self.segments for meta in seg.frames]
+
+    def entry(self) -> Entry:
+        """The manifest entry these frames imply (created_at from seq 0, newest recorded_at, good end)."""
+        frames = self.all_frames()
+        if not frames:
+            return Entry(-1, -1, 0, 0)
+        created = frames[0].recorded_at if frames[0].first_seq == 0 else -1
+        last_good = self.segments[-1] if self.segments[-1].frames else self.segments[0]
+        newest = max(meta.recorded_at for meta in frames)
+        return Entry(created, newest, last_good.end, max(seg.next_seq for seg in self.segments))
+
+
+@dataclass(slots=True)
+class ConversationOutcome:
+    """What the site-level checks need to know about a conversation after its check."""
+
+    checked: bool  # False: it could not be locked or read (a finding says why)
+    corrupt: bool = False
+    entry: Entry | None = None  # manifest entry implied by the log (after repairs)
+    size: int = 0  # file size after repairs
+    frames: int = 0
+    items: int = 0
+
+
+def scan_segments(
+    ops: FileOps,
+    fd: int,
+    *,
+    size: int,
+    start: int = 0,
+    expected_seq: int = 0,
+    last_at: int | None = None,
+    on_frame: Callable[[Frame], None] | None = None,
+) -> list[ScanResult]:
+    """``scan_log`` from ``start``, then again after every corruption from the next valid frame."""
+    segments: list[ScanResult] = []
+    while True:
+        result = scan_log(
+            ops,
+            fd,
+            start=start,
+            expected_seq=expected_seq,
+            last_recorded_at=last_at,
+            file_size=size,
+            on_frame=on_frame,
+        )
+        segments.append(result)
+        if result.state != "corrupt" or result.stop_offset is None:
+            return segments
+        if result.reason == "seq-gap":  # the frame at the stop point is valid; it starts the next segment
+            nxt = _frame_at(ops, fd, result.stop_offset, size)
+        else:
+            nxt = first_valid_frame_after(ops, fd, result.stop_offset, size)
+        if nxt is None:
+            return segments
+        start, expected_seq, last_at = nxt.offset, nxt.first_seq, result.last_recorded_at
+
+
+def _frame_at(ops: FileOps, fd: int, offset: int, size: int) -> Frame | None:
+    head = ops.pread(fd, 12, offset)
+    probe = decode_frame(head, 0, offset, keep_items=False)
+    needed = getattr(probe, "needed", None)
+    if needed is None or needed > size - offset:
+        return None
+    event = decode_frame(ops.pread(fd, needed, offset), 0, offset, keep_items=False)
+    return event if isinstance(event, Frame) else None
+
+
+def _locked_rescan(ops: FileOps, fd: int, scan: LogScan, on_frame: Callable[[Frame], None]) -> LogScan:
+    """Bring an unlocked scan up to date under the lock (see the module docstring, step 2)."""
+    size = ops.size(fd)
+    last = scan.last
+    if size == scan.size and last.state == "clean":
+        return scan
+    if size < scan.size or (size != scan.size and len(scan.segments) > 1) or last.state == "corrupt":
+        # Cut back (a repair elsewhere) or a corrupt log that changed: nothing can be trusted, start over.
+        if size == scan.size:
+            return scan
+        return LogScan(size, scan_segments(ops, fd, size=size, on_frame=on_frame))
+    tail = scan_segments(
+        ops,
+        fd,
+        size=size,
+        start=last.end,
+        expected_seq=last.next_seq,
+        last_at=last.last_recorded_at,
+        on_frame=on_frame,
+    )
+    head = tail[0]
+    merged = ScanResult(
+        frames=last.frames + head.frames,
+        end=head.end,
+        next_seq=head.next_seq,
+        last_recorded_at=head.last_recorded_at,
+        state=head.state,
+        stop_offset=head.stop_offset,
+        reason=head.reason,
+        file_size=size,
+        timestamp_regressions=last.timestamp_regressions + head.timestamp_regressions,
+    )
+    return LogScan(size, [*scan.segments[:-1], merged, *tail[1:]])
+
+
+def save_broken(ops: FileOps, path: str, fd: int, start: int, size: int) -> str:
+    """Copy bytes [start, size) of ``fd`` to a new ``<path>.broken-<UTC timestamp>``; fsync it and its
+    directory before returning, so the bytes a repair is about to remove are durable elsewhere first."""
+    now = time.time()
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now)) + f"{int(now % 1 * 1e6):06d}Z"
+    target, n = f"{path}.broken-{stamp}", 0
+    while ops.exists(target):
+        n += 1
+        target = f"{path}.broken-{stamp}-{n}"
+    out = ops.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        pos = start
+        while pos < size:
+            chunk = ops.pread(fd, min(_COPY_CHUNK, size - pos), pos)
+            if not chunk:
+                raise OSError(f"{path} shrank while saving bytes {start}..{size}")
+            ops.pwrite(out, chunk, pos - start)
+            pos += len(chunk)
+        ops.fsync(out)
+    finally:
+        ops.close(out)
+    ops.fsync_dir(os.path.dirname(target))
+    return target
+
+
+def check_conversation(
+    ctx: CheckContext,
+    site: str,
+    conversation: str,
+    paths: ConversationPaths,
+    on_locked: Callable[[ConversationOutcome], None] | None = None,
+) -> ConversationOutcome:
+    """Check (and with ``ctx.repair`` repair) one conversation; ``on_locked`` runs while its lock is
+    still held (the manifest comparison, which must not race the conversation's writers)."""
+    ops = ctx.ops
+    counted = 0
+    size = 0
+
+    def on_frame(frame: Frame) -> None:
+        nonlocal counted
+        counted += frame.size
+        ctx.advance(frame.size)
+
+    def problem(kind: str, path: str, message: str) -> ConversationOutcome:
+        ctx.add(Finding(kind, ctx.rel(path), message, site=site, conversation=conversation))
+        return ConversationOutcome(False)
+
+    try:
+        fd = ops.open(paths.log, os.O_RDONLY)
+    except OSError as exc:
+        return problem("io-error", paths.log, f"cannot open the log: {exc.strerror or exc}")
+    try:
+        try:
+            size = ops.size(fd)
+            scan = LogScan(size, scan_segments(ops, fd, size=size, on_frame=on_frame))
+        except OSError as exc:
+            return problem("io-error", paths.log, f"cannot read the log: {exc.strerror or exc}")
+        lock = lock_for(paths.lock)
+        try:
+            lock.acquire(ctx.lock_timeout)
+        except Timeout:
+            return problem(
+                "lock-timeout",
+                paths.lock,
+                f"conversation lock not acquired within {ctx.lock_timeout:g}s: not checked "
+                "(a writer holds it; retry, or raise --lock-timeout)",
+            )
+        except OSError as exc:
+            return problem(
+                "io-error", paths.lock, f"cannot take the conversation lock: {exc.strerror or exc}"
+            )
+        try:
+            outcome = _check_locked(ctx, site, conversation, paths, fd, scan, on_frame)
+            if on_locked is not None:
+                on_locked(outcome)
+            return outcome
+        except OSError as exc:
+            return problem("io-error", paths.log, f"I/O error during the check: {exc.strerror or exc}")
+        finally:
+            lock.release()
+    finally:
+        ops.close(fd)
+        ctx.advance(max(0, size - counted))  # bytes of damaged regions were looked at too
+
+
+def _check_locked(
+    ctx: CheckContext,
+    site: str,
+    conversation: str,
+    paths: ConversationPaths,
+    fd: int,
+    scan: LogScan,
+    on_frame: Callable[[Frame], None],
+) -> ConversationOutcome:
+    ops = ctx.ops
+    scan = _locked_rescan(ops, fd, scan, on_frame)
+    ctx.report.bytes += scan.size
+    index = ops.read_file(paths.index)
+    ctx.report.index_bytes += len(index or b"")
+    body = index[INDEX_HEADER_SIZE:] if index and header_ok(index) else b""
+    expected = b"".join(encode_entry(meta.offset, meta.first_seq) for meta in scan.prefix.frames)
+
+    # Step 3: a checked index entry at or past the stop point proves those bytes were acknowledged.
+    last = scan.last
+    stop = last.stop_offset if last.state == "torn" else last.end if last.state == "clean" else None
+    evidence = _evidence(body, expected, stop) if stop is not None else []
+    if evidence:
+        if last.state == "clean":
+            last.stop_offset, last.reason = last.end, "missing-frames"
+        last.state = "corrupt"
+
+    def add(kind: str, path: str, message: str, **kw: object) -> Finding:
+        return ctx.add(Finding(kind, ctx.rel(path), message, site=site, conversation=conversation, **kw))  # type: ignore[arg-type]
+
+    # Repairs first (their results go into the findings), bytes saved before anything is cut.
+    cut: int | None = None
+    saved: str | None = None
+    lost: tuple[int, int | None] | None = None
+    if scan.corrupt and ctx.truncate_corrupt:
+        cut = scan.prefix.stop_offset
+        lost = _lost_seqs(scan, evidence)
+    elif last.state == "torn" and ctx.repair:
+        cut = last.stop_offset
+    if cut is not None:
+        saved = _cut_log(ctx, paths, cut, scan.size)
+
+    frames_by_offset: dict[int, FrameMeta] | None = None
+    for i, seg in enumerate(scan.segments):
+        for off in seg.timestamp_regressions:
+            if frames_by_offset is None:
+                frames_by_offset = {meta.offset: meta for meta in scan.all_frames()}
+            meta = frames_by_offset[off]
+            gone = cut is not None and off >= cut
+            add(
+                "timestamp-regression",
+                paths.log,
+                "recorded_at goes back in time at this frame (the engine never writes that)"
+                + (" (removed with the corrupt region)" if gone else ""),
+                offset=off,
+                seqs=(meta.first_seq, meta.first_seq + meta.count - 1),
+                fixed=gone,
+            )
+        if seg.state == "clean" or seg.stop_offset is None:
+            continue
+        fixed = cut is not None and cut <= seg.stop_offset
+        if seg.state == "torn":
+            add(
+                "torn-tail",
+                paths.log,
+                f"{seg.file_size - seg.stop_offset} unacknowledged byte(s) after the last good frame "
+                f"({seg.reason}): a write that never completed"
+                + (f"; truncated, bytes saved to {ctx.rel(saved or '')}" if fixed else ""),
+                offset=seg.stop_offset,
+                fixed=fixed,
+                saved_to=ctx.rel(saved) if fixed and saved else None,
+            )
+            continue
+        kind = _REASON_KIND.get(seg.reason or "", seg.reason or "crc-mismatch")
+        seqs = lost if fixed and i == 0 else _affected(scan, i, evidence)
+        if kind == "missing-frames":
+            message = "the index proves acknowledged frames past the end of the log: they are gone"
+        elif seg.reason == "seq-gap":
+            message = "valid frames whose seqs do not follow each other"
+        else:
+            message = f"bad frame ({seg.reason}) with acknowledged data after it"
+        if fixed:
+            span = f"{lost[0]}..{'end' if lost[1] is None else lost[1]}" if lost else "none"
+            message += f"; truncated at byte {cut}, seqs lost: {span}, bytes saved to {ctx.rel(saved or '')}"
+        else:
+            message += "; left in place (only --truncate-corrupt removes it)"
+        add(
+            kind,
+            paths.log,
+            message,
+            offset=seg.stop_offset,
+            seqs=seqs,
+            fixed=fixed,
+            saved_to=ctx.rel(saved) if fixed and saved else None,
+        )
+
+    if cut is not None:  # what is left ends cleanly at the cut
+        keep = next(k for k, seg in enumerate(scan.segments) if seg.stop_offset == cut)
+        head = scan.segments[keep]
+        head.state, head.stop_offset, head.reason, head.file_size = "clean", None, None, cut
+        scan = LogScan(cut, scan.segments[: keep + 1])
+
+    if not scan.corrupt:
+        found = _index_problem(index, body, expected, scan.prefix.frames)
+        rebuilt = cut is not None and lost is not None  # a truncated corrupt log gets a fresh index anyway
+        if found is not None or rebuilt:
+            if ctx.repair:
+                ops.atomic_write(paths.index, INDEX_HEADER + expected)
+            if found is not None and not rebuilt:
+                kind, offset, seqs, message = found
+                add(
+                    kind,
+                    paths.index,
+                    message + ("; rebuilt from the log" if ctx.repair else ""),
+                    offset=offset,
+                    seqs=seqs,
+                    fixed=ctx.repair,
+                )
+
+    frames = scan.all_frames()
+    ctx.report.frames += len(frames)
+    ctx.report.items += sum(meta.count for meta in frames)
+    return ConversationOutcome(
+        True, scan.corrupt, scan.entry(), scan.size, len(frames), sum(meta.count for meta in frames)
+    )
+
+
+def _cut_log(ctx: CheckContext, paths: ConversationPaths, cut: int, size: int) -> str | None:
+    """Save [cut, size) to a .broken file, then truncate the log at ``cut`` and fsync it."""
+    ops = ctx.ops
+    fd = ops.open(paths.log, os.O_RDWR)
+    try:
+        saved = save_broken(ops, paths.log, fd, cut, size) if size > cut else None
+        ops.ftruncate(fd, cut)
+        ops.fsync(fd)
+    finally:
+        ops.close(fd)
+    return saved
+
+
+def _common_entries(body: bytes, expected: bytes) -> int:
+    """How many leading index entries equal the expected ones."""
+    n = min(len(body), len(expected)) // ENTRY_SIZE
+    if body[: n * ENTRY_SIZE] == expected[: n * ENTRY_SIZE]:
+        return n
+    view_a, view_b = memoryview(body), memoryview(expected)
+    for i in range(n):
+        pos = i * ENTRY_SIZE
+        if view_a[pos : pos + ENTRY_SIZE] != view_b[pos : pos + ENTRY_SIZE]:
+            return i
+    return n  # pragma: no cover - unreachable: the slices differed
+
+
+def _evidence(body: bytes, expected: bytes, stop: int) -> list[tuple[int, int]]:
+    """(offset, first_seq) of checked index entries pointing at or past ``stop``."""
+    out = []
+    for i in range(_common_entries(body, expected), len(body) // ENTRY_SIZE):
+        entry = decode_entry(body, i)
+        if entry is not None and entry[0] >= stop:
+            out.append(entry)
+    return out
+
+
+def _affected(scan: LogScan, i: int, evidence: list[tuple[int, int]]) -> tuple[int, int | None] | None:
+    """Seqs affected by the stop ending segment ``i``: between its last good seq and the next segment."""
+    seg = scan.segments[i]
+    first = seg.next_seq
+    if i + 1 < len(scan.segments):
+        nxt = scan.segments[i + 1].frames[0].first_seq
+        if seg.reason == "seq-gap" and nxt < first:
+            return (nxt, first - 1)  # seqs written twice
+        return (first, nxt - 1) if nxt > first else None  # None: garbage between frames, no seq lost
+    known = max((seq for _, seq in evidence), default=None)
+    return (first, known if known is not None and known >= first else None)
+
+
+def _lost_seqs(scan: LogScan, evidence: list[tuple[int, int]]) -> tuple[int, int | None]:
+    """Seqs a truncation at the first stop removes: everything the log or the index knows after it."""
+    first = scan.prefix.next_seq
+    later = [meta.first_seq + meta.count - 1 for seg in scan.segments[1:] for meta in seg.frames]
+    later += [seq for _, seq in evidence]
+    last = max(later, default=None)
+    return (first, last if last is not None and last >= first else None)
+
+
+def _index_problem(
+    index: bytes | None, body: bytes, expected: bytes, frames: list[FrameMeta]
+) -> tuple[str, int | None, tuple[int, int | None] | None, str] | None:
+    """The first way the index disagrees with the good frames, or None: (kind, offset, seqs, message)."""
+    n = len(expected) // ENTRY_SIZE
+
+    def span(i: int) -> tuple[int, int]:
+        return (frames[i].first_seq, frames[-1].first_seq + frames[-1].count - 1)
+
+    if not index:
+        return ("index-missing", None, span(0), "no index for a log with frames") if n else None
+    if not header_ok(index):
+        return ("index-wrong", 0, span(0) if n else None, "bad index header")
+    m, partial = divmod(len(body), ENTRY_SIZE)
+    i = _common_entries(body, expected)
+    off = INDEX_HEADER_SIZE + i * ENTRY_SIZE
+    if i < min(m, n):
+        if all(decode_entry(body, j) is None for j in range(i, m)):
+            return ("index-stale", off, span(i), f"torn index tail from entry {i} (frame {i} not indexed)")
+        got = decode_entry(body, i)
+        said = f"offset {got[0]}, seq {got[1]}" if got else "a bad check"
+        return (
+            "index-wrong",
+            off,
+            span(i),
+            f"entry {i} says {said}; frame {i} is at offset {frames[i].offset}, seq {frames[i].first_seq}",
+        )
+    if m < n:
+        return ("index-stale", off, span(m), f"index lags the log: {n - m} frame(s) not indexed")
+    if m > n:
+        if any(decode_entry(body, j) is not None for j in range(n, m)):
+            return ("index-wrong", off, None, f"index leads the log: {m - n} entry(ies) for frames it lacks")
+        return ("index-stale", off, None, f"torn index tail: {m - n} entry(ies) fail their check")
+    if partial:
+        return ("index-stale", INDEX_HEADER_SIZE + m * ENTRY_SIZE, None, "torn index tail (partial entry)")
+    return None
+
+
+def current_entry(ctx: CheckContext, paths: ConversationPaths, known: Entry | None) -> Entry | None:
+    """A conversation's manifest entry now (None: it has no log), under its lock. The log is append-only,
+    so only what was appended after ``known`` is read. If the lock is busy, ``known`` stands: the writer
+    holding it records its own commit in the manifest."""
+    ops = ctx.ops
+    lock = lock_for(paths.lock)
+    try:
+        lock.acquire(ctx.lock_timeout)
+    except Timeout:
+        return known
+    try:
+        try:
+            fd = ops.open(paths.log, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            size = ops.size(fd)
+            if known is not None and size == known.log_size:
+                return known
+            if known is None or known.next_seq == 0 or size < known.log_size:
+                return LogScan(size, scan_segments(ops, fd, size=size)).entry()
+            tail = LogScan(
+                size,
+                scan_segments(
+                    ops,
+                    fd,
+                    size=size,
+                    start=known.log_size,
+                    expected_seq=known.next_seq,
+                    last_at=known.last_appended_at,
+                ),
+            )
+            if not tail.all_frames():
+                return known
+            latest = tail.entry()
+            return Entry(
+                known.created_at,
+                max(latest.last_appended_at, known.last_appended_at),
+                latest.log_size,
+                latest.next_seq,
+            )
+        finally:
+            ops.close(fd)
+    finally:
+        lock.release()

@@ -1,0 +1,268 @@
+"""fsck of a site manifest: read it as stored, compare it with the logs, rebuild it from the logs.
+
+``SiteManifest`` itself is not used to read: its load reconciles and appends records, and fsck without
+``--repair`` must not write. ``ManifestView`` reads the same files with the same merge rule (a record wins
+if it is newer, a record without created_at keeps the known one) and notes where they are damaged.
+
+Rebuild (docs/FSCK.md), under the manifest's ``compact.lock`` like a compaction, so it never runs beside one:
+1. create ``journal.<N+1>`` (N = the newest generation) and fsync the directory: from then on every
+   writer's record lands there too (``SiteManifest`` re-appends to a newer journal when it sees one);
+2. take each conversation's state from the check, re-reading (under its lock) only the logs that changed
+   since, and any conversation created meanwhile;
+3. write ``snapshot.<N+1>`` (temp + fsync + rename + directory fsync);
+4. append the corrected records to ``journal.<N+1>`` too: running servers follow the journal, not the
+   snapshot (records merge by max, so a manifest that claimed *more* than a truncated log still holds is
+   corrected in memory only by a restart; docs/FSCK.md);
+5. remove every older generation and fsync the directory.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import time
+from collections.abc import Callable
+
+import filelock
+from crc32c import crc32c
+
+from .check_report import CheckContext, Finding, stray_kind
+from .errors import Timeout
+from .manifest import _SNAPSHOT_MAGIC, Entry, decode_records, encode_record
+
+__all__ = ["ManifestView", "describe_mismatch", "manifest_dir", "stray_findings"]
+
+_APPEND_CHUNK = 64 * 1024
+
+
+def manifest_dir(data_dir: str, site: str) -> str:
+    return os.path.join(data_dir, "sites", site, "manifest")
+
+
+class ManifestView:
+    """A site manifest as stored on disk. ``load`` reads it whole; ``refresh`` reads what was appended
+    to the newest journal since (reloading if a compaction started a newer generation)."""
+
+    def __init__(self, ctx: CheckContext, site: str) -> None:
+        self.ctx = ctx
+        self.site = site
+        self.directory = manifest_dir(ctx.data_dir, site)
+        self.entries: dict[str, Entry] = {}
+        self.damage: list[tuple[str, int, str]] = []  # (path, offset, message)
+        self.strays: list[tuple[str, str, str]] = []  # (kind, path, message)
+        self._gen = 0
+        self._pos = 0
+
+    def _path(self, kind: str, gen: int) -> str:
+        return os.path.join(self.directory, f"{kind}.{gen}")
+
+    def _listing(self) -> tuple[list[int], list[int], list[str]]:
+        try:
+            names = self.ctx.ops.listdir(self.directory)
+        except FileNotFoundError:
+            return [], [], []
+        snaps, journals, others = [], [], []
+        for name in names:
+            kind, _, gen = name.partition(".")
+            if kind in ("snapshot", "journal") and gen.isdigit():
+                (snaps if kind == "snapshot" else journals).append(int(gen))
+            else:
+                others.append(name)
+        return sorted(snaps), sorted(journals), others
+
+    def load(self) -> None:
+        for _attempt in range(5):  # a compaction may delete files between listing and reading them
+            try:
+                self._load()
+                return
+            except FileNotFoundError:
+                time.sleep(0.01)
+        self._load()
+
+    def _load(self) -> None:
+        self.entries, self.damage, self.strays = {}, [], []
+        snaps, journals, others = self._listing()
+        base = snaps[-1] if snaps else 0
+        if snaps:
+            self._read_snapshot(self._path("snapshot", base))
+        live = [g for g in journals if g >= base]
+        self._gen = live[-1] if live else base
+        self._pos = 0
+        for gen in live:
+            self._read_journal(gen, newest=gen == self._gen)
+        superseded = [("snapshot", g) for g in snaps[:-1]] + [("journal", g) for g in journals if g < base]
+        for kind, gen in superseded:
+            self._stray("orphan-file", self._path(kind, gen), f"superseded manifest {kind} (ignored)")
+        for name in others:
+            kind = None if name == "compact.lock" else stray_kind(name)
+            if kind is not None:
+                self._stray(kind, os.path.join(self.directory, name), "not a manifest file (ignored)")
+
+    def _stray(self, kind: str, path: str, message: str) -> None:
+        self.strays.append((kind, path, message))
+
+    def _read_snapshot(self, path: str) -> None:
+        data = self.ctx.ops.read_file(path)
+        if data is None:
+            raise FileNotFoundError(path)
+        body = data[len(_SNAPSHOT_MAGIC) : -4]
+        if (
+            len(data) < len(_SNAPSHOT_MAGIC) + 4
+            or not data.startswith(_SNAPSHOT_MAGIC)
+            or struct.unpack("<I", data[-4:])[0] != crc32c(body)
+        ):
+            self.damage.append((path, 0, "snapshot fails its magic or checksum: its records are not used"))
+            return
+        records, pos, damaged = decode_records(body)
+        if damaged or pos != len(body):
+            self.damage.append((path, len(_SNAPSHOT_MAGIC) + pos, "bad record in snapshot"))
+        self._apply(records)
+
+    def _read_journal(self, gen: int, *, newest: bool) -> None:
+        path = self._path("journal", gen)
+        data = self.ctx.ops.read_file(path)
+        if data is None:
+            raise FileNotFoundError(path)
+        records, pos, damaged = decode_records(data)
+        if not damaged and pos < len(data) and newest:
+            time.sleep(0.02)  # maybe a record being appended right now: look again before calling it torn
+            data = self.ctx.ops.read_file(path) or data
+            records, pos, damaged = decode_records(data)
+        self._apply(records)
+        if damaged:
+            self.damage.append((path, pos, "bad record: it and every record after it are ignored"))
+        elif pos < len(data):
+            self.damage.append((path, pos, "incomplete record at the end (torn write)"))
+        if newest:
+            self._pos = pos
+
+    def refresh(self) -> None:
+        """Take in records appended since ``load`` (cheap: one stat, the new bytes)."""
+        if self.ctx.ops.exists(self._path("journal", self._gen + 1)):
+            self.load()
+            return
+        path = self._path("journal", self._gen)
+        size = self.ctx.ops.stat_size(path)
+        if size is None or size <= self._pos:
+            return
+        data = self.ctx.ops.read_file(path) or b""
+        records, pos, _ = decode_records(data, self._pos)
+        self._apply(records)
+        self._pos = pos
+
+    def _apply(self, records: list[tuple[str, Entry]]) -> None:
+        # SiteManifest._apply's rule, so the view equals what a server would load.
+        for cid, entry in records:
+            current = self.entries.get(cid)
+            if current is not None and not entry.newer_than(current):
+                continue
+            if current is not None and entry.created_at < 0:
+                entry.created_at = current.created_at
+            self.entries[cid] = entry
+
+    # ------------------------------------------------------------------ repair
+    def append_records(self, records: dict[str, Entry]) -> None:
+        """Append records to the newest journal (and to a newer one a compactor may start meanwhile)."""
+        ops = self.ctx.ops
+        ops.makedirs_durable(self.directory)
+        chunks, chunk, used = [], [], 0
+        for cid, entry in records.items():  # whole records per write: a record is never split
+            record = encode_record(cid, entry)
+            if used + len(record) > _APPEND_CHUNK and chunk:
+                chunks.append(b"".join(chunk))
+                chunk, used = [], 0
+            chunk.append(record)
+            used += len(record)
+        if chunk:
+            chunks.append(b"".join(chunk))
+        while True:
+            path = self._path("journal", self._gen)
+            existed = ops.exists(path)
+            fd = ops.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+            try:
+                for data in chunks:
+                    ops.append(fd, data)
+                ops.fdatasync(fd)
+            finally:
+                ops.close(fd)
+            if not existed:
+                ops.fsync_dir(self.directory)
+            if not ops.exists(self._path("journal", self._gen + 1)):
+                return
+            self._gen += 1
+
+    def rebuild(
+        self,
+        checked: dict[str, Entry],
+        current: Callable[[str, Entry | None], Entry | None],
+        keep: set[str],
+    ) -> None:
+        """Replace the manifest by one built from the logs (module docstring). ``checked``: the entries
+        the check derived; ``current(cid, known)``: a conversation's entry now, re-read under its lock
+        (None: no log); ``keep``: conversations not checked (lock timeout), whose records are kept."""
+        ops = self.ctx.ops
+        ops.makedirs_durable(self.directory)
+        lock = filelock.FileLock(
+            os.path.join(self.directory, "compact.lock"),
+            timeout=self.ctx.lock_timeout,
+            thread_local=False,
+            preserve_lock_file=True,
+        )
+        try:
+            lock.acquire()
+        except filelock.Timeout as exc:
+            raise Timeout(f"manifest compact.lock of site {self.site} not acquired") from exc
+        try:
+            snaps, journals, _ = self._listing()
+            new = max(snaps + journals, default=0) + 1
+            fd = ops.open(self._path("journal", new), os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+            ops.close(fd)
+            ops.fsync_dir(self.directory)
+            self.refresh()  # records written before journal.<new> existed (conversations created meanwhile)
+            before = dict(self.entries)
+            entries: dict[str, Entry] = {}
+            for cid in sorted(set(checked) | set(before)):
+                if cid in keep and cid in before:
+                    entries[cid] = before[cid]
+                    continue
+                entry = current(cid, checked.get(cid))
+                if entry is not None:
+                    entries[cid] = entry
+                elif cid in before and before[cid].next_seq == 0 and cid not in checked:
+                    entries[cid] = before[cid]  # created, its log not yet: keep (manifest ⊇ logs)
+            body = b"".join(encode_record(cid, e) for cid, e in entries.items())
+            ops.atomic_write(
+                self._path("snapshot", new), _SNAPSHOT_MAGIC + body + struct.pack("<I", crc32c(body))
+            )
+            self._gen = new
+            fixes = {cid: e for cid, e in entries.items() if before.get(cid) != e}
+            if fixes:
+                self.append_records(fixes)
+            for gen in snaps:
+                ops.unlink(self._path("snapshot", gen))
+            for gen in journals:
+                if gen < new:
+                    ops.unlink(self._path("journal", gen))
+            ops.fsync_dir(self.directory)
+        finally:
+            lock.release()
+
+
+def describe_mismatch(stored: Entry | None, derived: Entry) -> str | None:
+    """How a manifest entry disagrees with the state of its log, or None if it agrees."""
+    if stored is None:
+        return "on disk but missing from the manifest: never listed"
+    if derived.next_seq == 0:
+        return None if stored.next_seq == 0 else f"manifest lists {stored.next_seq} item(s); the log has none"
+    got = (stored.created_at, stored.last_appended_at, stored.next_seq, stored.log_size)
+    want = (derived.created_at, derived.last_appended_at, derived.next_seq, derived.log_size)
+    if got == want:
+        return None
+    names = ("created_at", "last_appended_at", "next_seq", "log_size")
+    diffs = [f"{n} {g} (log: {w})" for n, g, w in zip(names, got, want, strict=True) if g != w]
+    return "manifest says " + ", ".join(diffs)
+
+
+def stray_findings(view: ManifestView) -> list[Finding]:
+    ctx = view.ctx
+    return [Finding(kind, ctx.rel(path), msg, site=view.site) for kind, path, msg in view.strays]

@@ -1,0 +1,216 @@
+"""Reading a conversation log as an operator does: frame by frame (``logstore dump``) and item by item
+(``logstore export``). Both only read; neither needs a server.
+
+- ``dump_frames`` shows every frame as it is on disk, bad ones included (header fields without the CRC
+  check, then a resync to the next valid frame found by its magic), like ``kafka-dump-log``. It takes no
+  lock: it is a diagnostic and shows in-flight bytes as they are.
+- ``export_items`` streams a consistent snapshot: under the conversation lock (held only briefly) it finds
+  the end of the last acknowledged frame, exactly as recovery does (index tail, then the scanner over the
+  rest); then, without the lock, the scanner streams every item before that end. Appends made meanwhile
+  are not included. Corruption raises ``Corrupted`` (file and offset) after everything before it was
+  written; memory stays constant (the scanner's read buffer).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import BinaryIO
+
+import msgspec
+
+from .conversation import ConversationPaths
+from .errors import Corrupted
+from .fileio import FileOps
+from .frame import MAX_FRAME_SIZE, PREFIX_SIZE, Frame, NeedMore, decode_frame, decode_header
+from .index_codec import ENTRY_SIZE, INDEX_HEADER_SIZE, decode_entry, header_ok
+from .locking import lock_for
+from .models import micros_to_datetime, rfc3339
+from .scanner import first_valid_frame_after, scan_log
+
+__all__ = ["DumpRecord", "dump_frames", "export_items"]
+
+
+@dataclass(frozen=True, slots=True)
+class DumpRecord:
+    """One frame (``status`` "ok"), or a bad region: ``status`` is the reason, ``size`` the bytes up to
+    the next valid frame (or the end of file), header fields as the unverified header says (or None)."""
+
+    offset: int
+    size: int
+    status: str
+    first_seq: int | None = None
+    count: int | None = None
+    recorded_at: int | None = None
+    write_start: int | None = None
+    items: tuple[bytes, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+def _index_entries(ops: FileOps, paths: ConversationPaths) -> bytes:
+    data = ops.read_file(paths.index) or b""
+    if not header_ok(data):
+        return b""
+    body = data[INDEX_HEADER_SIZE:]
+    return body[: len(body) - len(body) % ENTRY_SIZE]
+
+
+def _seek_seq(ops: FileOps, fd: int, entries: bytes, seq: int, size: int) -> int:
+    """Offset of a frame at or before the one holding ``seq``, from the index if it checks out, else 0."""
+    lo, hi = 0, len(entries) // ENTRY_SIZE
+    while lo < hi:  # last entry with first_seq <= seq (entries are in seq order; each one is verified)
+        mid = (lo + hi) // 2
+        entry = decode_entry(entries, mid)
+        if entry is None:
+            return 0
+        if entry[1] <= seq:
+            lo = mid + 1
+        else:
+            hi = mid
+    entry = decode_entry(entries, lo - 1) if lo else None
+    if entry is None or entry[0] >= size:
+        return 0
+    frame = _frame_at(ops, fd, entry[0], size)
+    return entry[0] if frame is not None and frame.first_seq == entry[1] else 0
+
+
+def _frame_at(ops: FileOps, fd: int, offset: int, size: int, keep_items: bool = False) -> Frame | None:
+    probe = decode_frame(ops.pread(fd, PREFIX_SIZE, offset), 0, offset)
+    if not isinstance(probe, NeedMore) or probe.needed > size - offset:
+        return None
+    event = decode_frame(ops.pread(fd, probe.needed, offset), 0, offset, keep_items)
+    return event if isinstance(event, Frame) else None
+
+
+def dump_frames(
+    ops: FileOps, paths: ConversationPaths, *, from_seq: int = 0, items: bool = False
+) -> Iterator[DumpRecord]:
+    """Every frame (and bad region) of the log, from the frame holding ``from_seq`` on."""
+    fd = ops.open(paths.log, os.O_RDONLY)
+    try:
+        size = ops.size(fd)
+        pos = _seek_seq(ops, fd, _index_entries(ops, paths), from_seq, size) if from_seq else 0
+        while pos < size:
+            frame = _frame_at(ops, fd, pos, size, keep_items=items)
+            if frame is not None:
+                if frame.first_seq + frame.count > from_seq:
+                    yield DumpRecord(
+                        frame.offset,
+                        frame.size,
+                        "ok",
+                        frame.first_seq,
+                        frame.count,
+                        frame.recorded_at,
+                        frame.write_start,
+                        frame.items,
+                    )
+                pos = frame.end
+                continue
+            buf = ops.pread(fd, min(size - pos, MAX_FRAME_SIZE), pos)
+            event = decode_frame(buf, 0, pos, keep_items=False)
+            reason = "incomplete" if isinstance(event, NeedMore) else getattr(event, "reason", "invalid")
+            nxt = first_valid_frame_after(ops, fd, pos, size)
+            end = nxt.offset if nxt is not None else size
+            fields = decode_header(buf)
+            if fields is not None:
+                yield DumpRecord(pos, end - pos, reason, fields[1], fields[2], fields[3])
+            else:
+                yield DumpRecord(pos, end - pos, reason)
+            pos = end
+    finally:
+        ops.close(fd)
+
+
+def _acknowledged_end(ops: FileOps, paths: ConversationPaths, fd: int) -> tuple[int, tuple[int, str] | None]:
+    """(end of the last acknowledged frame, corruption at or before it or None). Caller holds the lock.
+
+    Recovery's rule: the last index entry whose frame checks out is acknowledged; the scanner takes it
+    from there; a checked index entry at or past where it stops proves that spot was acknowledged."""
+    size = ops.size(fd)
+    entries = _index_entries(ops, paths)
+    start, seq, evidence = 0, 0, None
+    for i in range(len(entries) // ENTRY_SIZE - 1, -1, -1):
+        entry = decode_entry(entries, i)
+        if entry is None:
+            continue
+        frame = _frame_at(ops, fd, entry[0], size) if entry[0] < size else None
+        if frame is not None and frame.first_seq == entry[1]:
+            start, seq = frame.offset, frame.first_seq
+            break
+        if frame is not None:  # a good frame with another seq: the index is wrong, not the log
+            evidence = None
+            break
+        evidence = min(entry[0], size) if evidence is None else min(evidence, entry[0], size)
+    result = scan_log(ops, fd, start=start, expected_seq=seq, file_size=size, keep_frames=False)
+    if result.state == "corrupt":
+        return result.end, (result.stop_offset or result.end, result.reason or "corrupt")
+    stop = result.stop_offset if result.state == "torn" else result.end
+    if evidence is not None and stop is not None and stop <= evidence:
+        return result.end, (stop, result.reason or "missing-frames")
+    return result.end, None
+
+
+def export_items(
+    ops: FileOps,
+    paths: ConversationPaths,
+    out: BinaryIO,
+    *,
+    lock_timeout: float = 5.0,
+) -> int:
+    """Write the conversation as JSON Lines (``{"seq":..,"recorded_at":"..","payload":{..}}``, the payload
+    verbatim) to ``out``; return the number of items. Raises ``Corrupted`` (after writing every item
+    before the bad spot) and ``Timeout`` (lock). An unknown conversation writes nothing."""
+    try:
+        fd = ops.open(paths.log, os.O_RDONLY)
+    except FileNotFoundError:
+        return 0
+    written = 0
+    try:
+        lock = lock_for(paths.lock)
+        lock.acquire(lock_timeout)
+        try:
+            end, corrupt = _acknowledged_end(ops, paths, fd)
+        finally:
+            lock.release()
+
+        def emit(frame: Frame) -> None:
+            nonlocal written
+            at = rfc3339(micros_to_datetime(frame.recorded_at)).encode()
+            lines = []
+            for k, raw in enumerate(frame.items):
+                if not raw.startswith(b"{") or not _is_json(raw):
+                    out.write(b"".join(lines))
+                    written += len(lines)
+                    raise _corrupted(paths, frame.offset, f"item {frame.first_seq + k} is not a JSON object")
+                lines.append(b'{"seq":%d,"recorded_at":"%s","payload":%s}\n' % (frame.first_seq + k, at, raw))
+            out.write(b"".join(lines))
+            written += len(lines)
+
+        result = scan_log(ops, fd, file_size=end, keep_frames=False, keep_items=True, on_frame=emit)
+        if result.state != "clean":  # bytes before the acknowledged end must all be good frames
+            raise _corrupted(paths, result.stop_offset or result.end, result.reason or "corrupt")
+        if corrupt is not None:
+            raise _corrupted(paths, *corrupt)
+        return written
+    finally:
+        ops.close(fd)
+
+
+def _is_json(raw: bytes) -> bool:
+    try:
+        msgspec.json.decode(raw, type=msgspec.Raw)
+    except msgspec.DecodeError:
+        return False
+    return True
+
+
+def _corrupted(paths: ConversationPaths, offset: int, reason: str) -> Corrupted:
+    return Corrupted(
+        f"conversation log {paths.log} is corrupted at byte {offset} ({reason})",
+        path=paths.log,
+        offset=offset,
+    )
