@@ -18,6 +18,7 @@ __all__ = ["SUBCOMMAND_MODULES", "build_parser", "main", "add_data_dir_argument"
 SUBCOMMAND_MODULES: tuple[str, ...] = (
     "tools.serve",  # logstore serve
     "tools.sites",  # logstore site add|list|remove|passwd
+    "tools.fsck",  # logstore fsck|dump|export
 )
 
 
