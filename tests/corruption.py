@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["flip_byte", "truncate", "zero_range", "append_garbage", "write_at", "file_size"]
+__all__ = [
+    "flip_byte",
+    "truncate",
+    "zero_range",
+    "append_garbage",
+    "write_at",
+    "file_size",
+    "rewrite_frame",
+]
 
 
 def file_size(path: str) -> int:
@@ -43,3 +51,30 @@ def write_at(path: str, offset: int, data: bytes) -> None:
     with open(path, "r+b") as f:
         f.seek(offset)
         f.write(data)
+
+
+def rewrite_frame(
+    path: str, offset: int, *, first_seq: int | None = None, recorded_at: int | None = None
+) -> None:
+    """Re-encode the frame at ``offset`` with a changed header field and a *valid* CRC: damage that only
+    logic (seq continuity, timestamp order) can catch. Sizes are unchanged, so later frames stay put."""
+    from logstore.frame import HEADER_SIZE, Frame, decode_frame, encode_frame
+
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        head = f.read(HEADER_SIZE)
+        probe = decode_frame(head)
+        f.seek(offset)
+        raw = f.read(getattr(probe, "needed", 0))
+        frame = decode_frame(raw)
+        assert isinstance(frame, Frame), f"no valid frame at {offset} of {path}: {frame}"
+        new = encode_frame(
+            frame.first_seq if first_seq is None else first_seq,
+            frame.count,
+            frame.recorded_at if recorded_at is None else recorded_at,
+            frame.write_start,
+            raw[HEADER_SIZE:],
+        )
+        assert len(new) == len(raw)
+        f.seek(offset)
+        f.write(new)
