@@ -84,23 +84,67 @@ def encode_record(conversation_id: str, entry: Entry) -> bytes:
 
 
 def decode_records(buf: bytes, pos: int = 0) -> tuple[list[tuple[str, Entry]], int, bool]:
-    """Records from ``buf[pos:]``: (records, position after the last complete one, damaged?).
-    A bad record stops decoding there (``damaged``): the caller reconciles from the logs."""
+    """Records from ``buf[pos:]``: (records, position after the last one decoded, damaged?).
+
+    Damaged bytes (a record torn by a power loss: zeros, garbage, a partial write) are skipped when a
+    valid record follows them: after a crash, the next boot appends its records (including fdatasynced
+    creation records) *after* the torn tail, and they must not be hidden behind it. Bytes with no valid
+    record after them are left unconsumed (the returned position points at them): they may be a record
+    another process is still writing, or a torn tail that later records will skip."""
     out: list[tuple[str, Entry]] = []
+    damaged = False
     while pos + _FRAME.size <= len(buf):
-        length, crc = _FRAME.unpack_from(buf, pos)
-        end = pos + _FRAME.size + length
-        if end > len(buf):
-            break
-        body = buf[pos + _FRAME.size : end]
-        if length < 1 + _RECORD.size or crc32c(body) != crc or body[0] + 1 + _RECORD.size != length:
-            return out, pos, True
-        cid = body[1 : 1 + body[0]].decode("ascii", "replace")
-        if not is_valid_id(cid):
-            return out, pos, True
-        out.append((cid, Entry(*_RECORD.unpack_from(body, 1 + body[0]))))
-        pos = end
-    return out, pos, False
+        record = _record_at(buf, pos)
+        if record is None:
+            resume = _next_record(buf, pos + 1)
+            if resume is None:
+                return out, pos, damaged or _definitely_bad(buf, pos)
+            damaged, pos = True, resume
+            continue
+        cid, entry, pos = record
+        out.append((cid, entry))
+    return out, pos, damaged
+
+
+_MIN_BODY = 1 + 8 + _RECORD.size  # the shortest conversation id is 8 characters
+_MAX_BODY = 1 + 64 + _RECORD.size
+
+
+def _record_at(buf: bytes, pos: int) -> tuple[str, Entry, int] | None:
+    """The complete, valid record at ``pos`` as (id, entry, end), or None."""
+    if pos + _FRAME.size > len(buf):
+        return None
+    length, crc = _FRAME.unpack_from(buf, pos)
+    end = pos + _FRAME.size + length
+    if not _MIN_BODY <= length <= _MAX_BODY or end > len(buf):
+        return None
+    body = buf[pos + _FRAME.size : end]
+    if crc32c(body) != crc or body[0] + 1 + _RECORD.size != length:
+        return None
+    cid = body[1 : 1 + body[0]].decode("ascii", "replace")
+    if not is_valid_id(cid):
+        return None
+    return cid, Entry(*_RECORD.unpack_from(body, 1 + body[0])), end
+
+
+def _next_record(buf: bytes, pos: int) -> int | None:
+    """Offset of the first valid record at or after ``pos`` (a CRC-checked resync point), or None."""
+    limit = len(buf) - _FRAME.size - _MIN_BODY
+    while pos <= limit:
+        (length,) = struct.unpack_from("<I", buf, pos)
+        if _MIN_BODY <= length <= _MAX_BODY and _record_at(buf, pos) is not None:
+            return pos
+        pos += 1
+    return None
+
+
+def _definitely_bad(buf: bytes, pos: int) -> bool:
+    """True if the bytes at ``pos`` can never become a valid record (not merely an incomplete one)."""
+    length, crc = _FRAME.unpack_from(buf, pos)
+    if not _MIN_BODY <= length <= _MAX_BODY:
+        return True
+    end = pos + _FRAME.size + length
+    return end <= len(buf)  # complete yet invalid
 
 
 class _Cursor(msgspec.Struct, array_like=True):
