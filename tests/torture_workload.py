@@ -1,0 +1,413 @@
+"""Shared pieces of the torture suite: deterministic payloads, the oracle of acknowledged batches, the
+verifier that checks a store against it, and the kill -9 writer process.
+
+Payloads are a pure function of the batch id (``payload(bid, i, n)``), so a verifier can recognise any
+batch it finds in a log, acknowledged or not, and prove that it is complete and byte-for-byte what was
+appended: a batch that is present but partial, reordered, duplicated without a retry, or altered is a
+failure, and so is an acknowledged batch that is missing or sits at another seq range.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import random
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import msgspec
+
+from logstore import LogstoreError, Store, Timeout
+from logstore.models import datetime_to_micros
+
+__all__ = [
+    "Batch",
+    "Oracle",
+    "Figures",
+    "FIGURES",
+    "payload",
+    "items_for",
+    "encoded",
+    "expected_encoded",
+    "verify_store",
+    "VerifyResult",
+    "TortureFailure",
+    "writer_main",
+    "cid_ok",
+    "register_summary",
+]
+
+_encode = msgspec.json.Encoder().encode
+
+
+class TortureFailure(AssertionError):
+    """A broken promise: lost, partial, altered or misplaced data, or a wrong listing."""
+
+
+# --------------------------------------------------------------------------- figures (printed at the end)
+@dataclass
+class Figures:
+    crash_points: int = 0
+    states_checked: int = 0
+    recovery_crash_points: int = 0
+    io_fault_runs: int = 0
+    io_faults_injected: int = 0
+    kills: int = 0
+    flips: int = 0
+    flips_detected: int = 0
+    index_flips_repaired: int = 0
+    batches_verified: int = 0
+    lost: int = 0
+    sections: dict[str, float] = field(default_factory=dict)  # wall seconds per torture test
+
+    def lines(self) -> list[str]:
+        out = [
+            f"crash points explored         {self.crash_points}"
+            f" (+{self.recovery_crash_points} during recovery)",
+            f"power-loss states checked     {self.states_checked}",
+            f"I/O fault runs                {self.io_fault_runs} ({self.io_faults_injected} faults injected)",
+            f"kill -9                       {self.kills}",
+            f"bit flips                     {self.flips} ({self.flips_detected} in the log detected as "
+            f"Corrupted at the frame's offset, {self.index_flips_repaired} in the index repaired)",
+            f"acknowledged batches verified {self.batches_verified}",
+            f"acknowledged batches lost     {self.lost}",
+        ]
+        for name, secs in self.sections.items():
+            out.append(f"  {name:<28}{secs:6.1f} s")
+        return out
+
+
+FIGURES = Figures()
+
+
+# --------------------------------------------------------------------------- payloads
+def cid_ok(cid: str) -> bool:
+    return 8 <= len(cid) <= 64
+
+
+def _shape(bid: str) -> random.Random:
+    return random.Random(int.from_bytes(hashlib.blake2b(bid.encode(), digest_size=8).digest(), "little"))
+
+
+def batch_size(bid: str, scale: float = 1.0) -> int:
+    """Items in batch ``bid``: mostly a few, sometimes dozens."""
+    rng = _shape(bid)
+    roll = rng.random()
+    if roll < 0.6:
+        return rng.randint(1, 3)
+    if roll < 0.92:
+        return rng.randint(4, 12)
+    return max(1, int(rng.randint(20, 60) * scale))
+
+
+def payload(bid: str, i: int, n: int, scale: float = 1.0) -> dict:
+    """Item ``i`` of ``n`` of batch ``bid``: mixed sizes (tens of bytes to tens of KiB), some unicode."""
+    rng = _shape(f"{bid}/{i}")
+    roll = rng.random()
+    if roll < 0.7:
+        size = rng.randint(0, 200)
+    elif roll < 0.95:
+        size = rng.randint(200, 3000)
+    else:
+        size = rng.randint(8000, 40000)
+    size = int(size * scale)
+    body = rng.choice("abcdefghijklmnop") * (size // 2) + "é✓"[: rng.randint(0, 2)] + bid[: size % 7]
+    item = {"b": bid, "i": i, "n": n, "pad": body}
+    if rng.random() < 0.3:
+        item["nested"] = {"k": [i, n, None, True, 1.5, -(2**40)], "s": "ünï"}
+    return item
+
+
+def items_for(bid: str, n: int, scale: float = 1.0) -> list[dict]:
+    return [payload(bid, i, n, scale) for i in range(n)]
+
+
+@functools.lru_cache(maxsize=65536)
+def expected_encoded(bid: str, n: int, scale: float = 1.0) -> tuple[bytes, ...]:
+    """The stored bytes of each item of batch ``bid`` (compact JSON, key order kept)."""
+    return tuple(_encode(item) for item in items_for(bid, n, scale))
+
+
+def encoded(item: dict) -> bytes:
+    return _encode(item)
+
+
+# --------------------------------------------------------------------------- the oracle
+@dataclass
+class Batch:
+    bid: str
+    site: str
+    cid: str
+    n: int
+    scale: float = 1.0
+    first: int | None = None  # set when acknowledged
+    recorded_at: datetime | None = None  # read back right after the acknowledgment, when known
+    failed: int = 0  # appends of this batch that raised a retryable error (so duplicates may exist)
+
+    @property
+    def acked(self) -> bool:
+        return self.first is not None
+
+
+class Oracle:
+    """Every batch attempted, and which were acknowledged (in acknowledgment order). Thread-safe."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.batches: dict[str, Batch] = {}
+        self.acked: list[Batch] = []
+
+    def attempt(self, bid: str, site: str, cid: str, n: int, scale: float = 1.0) -> Batch:
+        with self.lock:
+            batch = self.batches.get(bid)
+            if batch is None:
+                batch = self.batches[bid] = Batch(bid, site, cid, n, scale)
+            return batch
+
+    def ack(self, batch: Batch, first: int, last: int, recorded_at: datetime | None = None) -> None:
+        if last - first + 1 != batch.n:
+            raise TortureFailure(
+                f"batch {batch.bid}: acknowledged range [{first}, {last}] for {batch.n} items"
+            )
+        with self.lock:
+            if batch.first is not None and batch.first != first:
+                # A retried batch acknowledged twice: the first acknowledgment's range must stay
+                # valid; the duplicate lives at its own range.
+                return
+            batch.first, batch.recorded_at = first, recorded_at
+            self.acked.append(batch)
+
+    def snapshot(self) -> list[Batch]:
+        """The acknowledged batches right now (copies: later acks do not change them)."""
+        with self.lock:
+            return [
+                Batch(b.bid, b.site, b.cid, b.n, b.scale, b.first, b.recorded_at, b.failed)
+                for b in self.acked
+            ]
+
+    def conversations(self) -> set[tuple[str, str]]:
+        with self.lock:
+            return {(b.site, b.cid) for b in self.batches.values()}
+
+
+# --------------------------------------------------------------------------- verification
+@dataclass
+class VerifyResult:
+    batches_verified: int = 0  # acknowledged batches found intact at their acknowledged range
+    batches_present: int = 0  # complete batches found in the logs (acknowledged or not)
+    items: int = 0
+    conversations: int = 0
+    ends: dict[tuple[str, str], int] = field(default_factory=dict)  # next seq per conversation
+
+
+def _read_all(store: Store, site: str, cid: str, page: int) -> list:
+    out = []
+    while True:
+        got = store.replay(site, cid, len(out), page)
+        for k, item in enumerate(got):
+            if item.seq != len(out) + k:
+                raise TortureFailure(f"{site}/{cid}: replay at {len(out)} returned seq {item.seq} at {k}")
+        out.extend(got)
+        if len(got) < page:
+            return out
+
+
+def verify_store(
+    store: Store,
+    acked: list[Batch],
+    *,
+    conversations: set[tuple[str, str]],
+    known: dict[str, Batch] | None = None,
+    listing: bool = True,
+    page: int = 1000,
+    rng: random.Random | None = None,
+    scale_of=None,
+) -> VerifyResult:
+    """Check ``store`` against the acknowledged batches.
+
+    - every conversation reads gapless from seq 0; recall agrees with replay;
+    - the items form whole batches (0..n-1 in order, one recorded_at), each byte-identical to its payload,
+      recorded_at never decreasing; a batch id appears twice only if an append of it failed (retry);
+    - ``known``: if given, every batch found must be one that was attempted;
+    - every acknowledged batch is at exactly its acknowledged seq range (and recorded_at, when known);
+    - ``listing``: each site's listing, paged, holds exactly the conversations with items, ordered by
+      (last_appended_at desc, id asc), with created_at / last_appended_at equal to the logs' first and
+      last recorded_at.
+    """
+    rng = rng or random.Random(0)
+    result = VerifyResult()
+    found: dict[tuple[str, str], list[tuple[str, int, datetime]]] = {}
+    summaries: dict[str, dict[str, tuple[datetime, datetime]]] = {}
+    for site, cid in sorted(conversations):
+        items = _read_all(store, site, cid, page)
+        result.ends[(site, cid)] = len(items)
+        batches: list[tuple[str, int, datetime]] = []
+        seen = Counter()
+        pos = 0
+        last_at = None
+        while pos < len(items):
+            head = items[pos]
+            bid, n = head.payload.get("b"), head.payload.get("n")
+            if not isinstance(bid, str) or not isinstance(n, int) or head.payload.get("i") != 0 or n < 1:
+                raise TortureFailure(
+                    f"{site}/{cid} seq {head.seq}: not the start of a batch: {head.payload!r:.200}"
+                )
+            batch = known.get(bid) if known is not None else None
+            if known is not None and batch is None:
+                raise TortureFailure(f"{site}/{cid} seq {head.seq}: batch {bid} was never appended")
+            if batch is not None and (batch.site, batch.cid, batch.n) != (site, cid, n):
+                raise TortureFailure(
+                    f"{site}/{cid} seq {head.seq}: batch {bid} belongs to {batch.site}/{batch.cid}"
+                )
+            scale = batch.scale if batch is not None else (scale_of(bid) if scale_of else 1.0)
+            expected = expected_encoded(bid, n, scale)
+            got = items[pos : pos + n]
+            if len(got) < n:
+                raise TortureFailure(
+                    f"{site}/{cid}: partial batch {bid} at seq {pos}: {len(got)} of {n} items"
+                )
+            for k, item in enumerate(got):
+                if _encode(item.payload) != expected[k]:  # equal bytes: equal values *and* key order
+                    raise TortureFailure(f"{site}/{cid} seq {item.seq}: item {k} of batch {bid} differs")
+                if item.recorded_at != head.recorded_at:
+                    raise TortureFailure(
+                        f"{site}/{cid} seq {item.seq}: batch {bid} has two recorded_at values"
+                    )
+            if last_at is not None and head.recorded_at < last_at:
+                raise TortureFailure(f"{site}/{cid} seq {pos}: recorded_at went back")
+            last_at = head.recorded_at
+            seen[bid] += 1
+            if seen[bid] > 1 and (batch is None or not batch.failed) and known is not None:
+                raise TortureFailure(f"{site}/{cid}: batch {bid} is present twice but was never retried")
+            batches.append((bid, pos, head.recorded_at))
+            result.batches_present += 1
+            pos += n
+        tail = store.recall(site, cid, min(7, page))
+        if tail != items[-7:]:
+            raise TortureFailure(f"{site}/{cid}: recall(7) disagrees with replay")
+        found[(site, cid)] = batches
+        result.items += len(items)
+        if items:
+            result.conversations += 1
+            summaries.setdefault(site, {})[cid] = (items[0].recorded_at, items[-1].recorded_at)
+    for b in acked:
+        where = {(bid, first): at for bid, first, at in found.get((b.site, b.cid), [])}
+        if (b.bid, b.first) not in where:
+            present = [f for bid, f, _ in found.get((b.site, b.cid), []) if bid == b.bid]
+            raise TortureFailure(
+                f"LOST: acknowledged batch {b.bid} ({b.site}/{b.cid} seqs {b.first}..{b.first + b.n - 1}) "
+                f"is not there (found at {present or 'nowhere'})"
+            )
+        if b.recorded_at is not None and where[(b.bid, b.first)] != b.recorded_at:
+            raise TortureFailure(
+                f"batch {b.bid}: recorded_at changed from {b.recorded_at} to {where[(b.bid, b.first)]}"
+            )
+        result.batches_verified += 1
+    if listing:
+        for site in sorted({s for s, _ in conversations}):
+            _verify_listing(store, site, summaries.get(site, {}), rng)
+    return result
+
+
+def _verify_listing(
+    store: Store, site: str, expected: dict[str, tuple[datetime, datetime]], rng: random.Random
+) -> None:
+    listed = []
+    cursor = None
+    for _ in range(10_000):
+        page = store.list_conversations(site, cursor=cursor, limit=rng.randint(1, 4))
+        listed.extend(page.conversations)
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+    got = {s.conversation_id: (s.created_at, s.last_appended_at) for s in listed}
+    if len(got) != len(listed):
+        raise TortureFailure(f"site {site}: a conversation is listed twice")
+    order = [(-datetime_to_micros(s.last_appended_at), s.conversation_id) for s in listed]
+    if order != sorted(order):
+        raise TortureFailure(f"site {site}: listing out of order: {order}")
+    for cid, (created, last) in expected.items():
+        if cid not in got:
+            raise TortureFailure(f"site {site}: conversation {cid} holds items but is not listed")
+        if got[cid] != (created, last):
+            raise TortureFailure(
+                f"site {site}: {cid} listed with created/last {got[cid]}, the log says {(created, last)}"
+            )
+    for cid in got:
+        if cid not in expected:
+            raise TortureFailure(f"site {site}: {cid} is listed but holds no items")
+
+
+# --------------------------------------------------------------------------- kill -9 writer process
+SHARED = [
+    ("site-a", "shared-conv-0"),
+    ("site-a", "shared-conv-1"),
+    ("site-b", "shared-conv-0"),
+    ("site-b", "shared-conv-2"),
+]
+
+
+def writer_main(data_dir: str, ack_path: str, gen: int, seed: int, threads: int) -> None:
+    """A writer process: ``threads`` threads append to the shared conversations (and a few of their own)
+    until killed. Each acknowledgment is reported as one line, written with a single ``write`` to an
+    O_APPEND file *after* ``append`` returned; a line without its newline (killed mid-report) is
+    ignored by the parent, which only ever under-counts acknowledgments."""
+    ack_fd = os.open(ack_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        store = Store(data_dir, lock_timeout=30.0)
+    except LogstoreError as exc:  # recovery must not fail: report and let the parent fail the test
+        os.write(ack_fd, f"X open {type(exc).__name__} {exc}\n".encode())
+        os._exit(3)
+
+    def run(t: int) -> None:
+        rng = random.Random(seed * 1000 + t)
+        k = 0
+        while True:
+            if rng.random() < 0.8:
+                site, cid = rng.choice(SHARED)
+            else:
+                site, cid = rng.choice(("site-a", "site-b")), f"own-g{gen}-{rng.randint(0, 2)}"
+            bid = f"g{gen}t{t}k{k}"
+            k += 1
+            n = batch_size(bid, 0.5)
+            items = items_for(bid, n, 0.1)
+            try:
+                r = store.append(site, cid, items)
+            except Timeout:
+                continue
+            except LogstoreError as exc:
+                os.write(ack_fd, f"X append {site} {cid} {bid} {type(exc).__name__} {exc}\n".encode())
+                os._exit(4)
+            os.write(ack_fd, f"A {site} {cid} {bid} {n} {r.first} {r.last}\n".encode())
+
+    for t in range(threads):
+        threading.Thread(target=run, args=(t,), daemon=True).start()
+    while True:
+        time.sleep(3600)
+
+
+def _main() -> None:  # pragma: no cover - manual use: python -m tests.torture_workload DIR ACKS GEN SEED T
+    writer_main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    _main()
+
+
+# --------------------------------------------------------------------------- the printed summary
+class _SummaryPlugin:
+    def pytest_terminal_summary(self, terminalreporter) -> None:  # pytest hook
+        terminalreporter.section("logstore torture figures")
+        for line in FIGURES.lines():
+            terminalreporter.write_line(line)
+
+
+def register_summary(config) -> None:
+    """Print FIGURES at the end of the run (a plugin registered on first use: no conftest needed)."""
+    if not config.pluginmanager.has_plugin("logstore-torture-figures"):
+        config.pluginmanager.register(_SummaryPlugin(), "logstore-torture-figures")
