@@ -325,7 +325,7 @@ def _check_locked(
                 paths.log,
                 f"{seg.file_size - seg.stop_offset} unacknowledged byte(s) after the last good frame "
                 f"({seg.reason}): a write that never completed"
-                + (f"; truncated, bytes saved to {ctx.rel(saved or '')}" if fixed else ""),
+                + (f"; truncated, bytes saved to {ctx.rel(saved)}" if fixed and saved else ""),
                 offset=seg.stop_offset,
                 fixed=fixed,
                 saved_to=ctx.rel(saved) if fixed and saved else None,
@@ -341,7 +341,8 @@ def _check_locked(
             message = f"bad frame ({seg.reason}) with acknowledged data after it"
         if fixed:
             span = f"{lost[0]}..{'end' if lost[1] is None else lost[1]}" if lost else "none"
-            message += f"; truncated at byte {cut}, seqs lost: {span}, bytes saved to {ctx.rel(saved or '')}"
+            where = f"bytes saved to {ctx.rel(saved)}" if saved else "no bytes left to save"
+            message += f"; truncated at byte {cut}, seqs lost: {span}, {where}"
         else:
             message += "; left in place (only --truncate-corrupt removes it)"
         add(

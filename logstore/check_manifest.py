@@ -124,15 +124,15 @@ class ManifestView:
         if data is None:
             raise FileNotFoundError(path)
         records, pos, damaged = decode_records(data)
-        if not damaged and pos < len(data) and newest:
+        if pos < len(data) and newest:
             time.sleep(0.02)  # maybe a record being appended right now: look again before calling it torn
             data = self.ctx.ops.read_file(path) or data
             records, pos, damaged = decode_records(data)
+        if damaged:  # decode_records skips damaged bytes when valid records follow: find where they are
+            self.damage.append((path, _first_gap(data, records), "damaged bytes between records (skipped)"))
+        if pos < len(data):
+            self.damage.append((path, pos, "incomplete or damaged record at the end (torn write)"))
         self._apply(records)
-        if damaged:
-            self.damage.append((path, pos, "bad record: it and every record after it are ignored"))
-        elif pos < len(data):
-            self.damage.append((path, pos, "incomplete record at the end (torn write)"))
         if newest:
             self._pos = pos
 
@@ -246,6 +246,18 @@ class ManifestView:
             ops.fsync_dir(self.directory)
         finally:
             lock.release()
+
+
+def _first_gap(data: bytes, records: list[tuple[str, Entry]]) -> int:
+    """Offset of the first bytes of ``data`` that are not the next decoded record (records encode
+    deterministically, so re-encoding them walks the journal until the damage)."""
+    pos = 0
+    for cid, entry in records:
+        record = encode_record(cid, entry)
+        if data[pos : pos + len(record)] != record:
+            return pos
+        pos += len(record)
+    return pos
 
 
 def describe_mismatch(stored: Entry | None, derived: Entry) -> str | None:
