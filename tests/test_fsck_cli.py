@@ -170,6 +170,22 @@ def test_dump_shows_bad_frames_and_resyncs(sample, capsys):
     assert "size: 7" in lines[4] and "crc: bad (bad-magic" in lines[4]
 
 
+def test_dump_file_shows_what_a_repair_saved(sample, capsys):
+    data_dir, _ = sample
+    bad = frames(data_dir)[2]
+    flip_byte(paths(data_dir).log, bad.offset + 45)
+    assert main(["fsck", data_dir, "--truncate-corrupt", "-q"]) == 1
+    capsys.readouterr()
+    (saved,) = [n for n in os.listdir(paths(data_dir).directory) if ".broken-" in n]
+    path = os.path.join(paths(data_dir).directory, saved)
+    assert main(["dump", "--file", path, "--items"]) == 4
+    lines = capsys.readouterr().out.splitlines()
+    assert "seqs: 3..5" in lines[0] and "crc: bad (crc-mismatch" in lines[0]
+    assert "seqs: 6..9" in lines[1] and lines[1].endswith("crc: ok")  # intact, recoverable by hand
+    assert [line.split()[1] for line in lines[2:]] == ["6", "7", "8", "9"]
+    assert main(["dump", data_dir, SITE, CID, "--file", path]) == 8
+
+
 def test_dump_unknown_conversation_is_an_operational_error(sample, capsys):
     data_dir, _ = sample
     assert main(["dump", data_dir, SITE, "conv-nothere"]) == 8

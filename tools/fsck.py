@@ -62,7 +62,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     fsck.set_defaults(func=cmd_fsck)
 
     dump = subparsers.add_parser("dump", help="print a conversation log frame by frame (like kafka-dump-log)")
-    _conversation_args(dump)
+    dump.add_argument("data_dir", nargs="?", help="data dir")
+    dump.add_argument("site", nargs="?")
+    dump.add_argument("conversation", nargs="?")
+    dump.add_argument("--file", help="dump this file instead (e.g. a .broken-* file a repair saved)")
     dump.add_argument("--from-seq", type=int, default=0, help="start at the frame holding this seq")
     dump.add_argument("--items", action="store_true", help="print each item's payload too")
     dump.set_defaults(func=cmd_dump)
@@ -210,18 +213,29 @@ def _format_record(record: DumpRecord) -> str:
 
 
 def cmd_dump(args: argparse.Namespace) -> int:
+    from logstore.conversation import ConversationPaths
     from logstore.errors import LogstoreError
     from logstore.fileio import OS_FILE_OPS
     from logstore.ids import validate_conversation_id, validate_site
     from logstore.logdump import dump_frames
     from logstore.store import conversation_paths
 
+    what = ""
     try:
-        validate_site(args.site)
-        validate_conversation_id(args.conversation)
         if args.from_seq < 0:
             raise ValueError(f"--from-seq must be >= 0, got {args.from_seq}")
-        paths = conversation_paths(os.path.abspath(args.data_dir), args.site, args.conversation)
+        if args.file is not None:
+            if args.data_dir or args.site or args.conversation:
+                raise ValueError("give either DATA_DIR SITE CONVERSATION or --file, not both")
+            what = args.file
+            paths = ConversationPaths(os.path.dirname(args.file), args.file, "", "")  # no index: scan
+        else:
+            if not (args.data_dir and args.site and args.conversation):
+                raise ValueError("DATA_DIR SITE CONVERSATION (or --file) are required")
+            validate_site(args.site)
+            validate_conversation_id(args.conversation)
+            what = f"conversation {args.conversation} in site {args.site}"
+            paths = conversation_paths(os.path.abspath(args.data_dir), args.site, args.conversation)
         bad = 0
         out = sys.stdout
         for record in dump_frames(OS_FILE_OPS, paths, from_seq=args.from_seq, items=args.items):
@@ -234,7 +248,7 @@ def cmd_dump(args: argparse.Namespace) -> int:
     except BrokenPipeError:
         return _closed_pipe()
     except FileNotFoundError:
-        return _fail("dump", f"no log for conversation {args.conversation} in site {args.site}")
+        return _fail("dump", f"no log for {what}")
     except (LogstoreError, OSError, ValueError) as exc:
         return _fail("dump", exc)
     return EXIT_UNCORRECTED if bad else 0
