@@ -6,7 +6,7 @@ the engine would, with the engine's own codecs, and skips every fsync (a crash m
 rebuilding the bench data):
 
     sites/<site>/conversations/<h1>/<h2>/<cid>.log   two frames (frame.encode_frame / encode_items)
-    sites/<site>/conversations/<h1>/<h2>/<cid>.idx   index header + one entry per frame (index_codec)
+    sites/<site>/conversations/<h1>/<h2>/<cid>.idx   index header + an entry per frame (optional)
     sites/<site>/manifest/snapshot.1                 every conversation's record (manifest.encode_record)
 
 The manifest records carry each log's exact size, so opening the store finds nothing to reconcile; the
@@ -73,7 +73,9 @@ def _log_bytes(i: int, n: int, base_us: int) -> tuple[bytes, int]:
     return f0 + f1, len(f0)
 
 
-def _write_range(data_dir: str, site: str, start: int, stop: int, n: int, base_us: int) -> int:
+def _write_range(
+    data_dir: str, site: str, start: int, stop: int, n: int, base_us: int, with_index: bool
+) -> int:
     made: set[str] = set()
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
     total = 0
@@ -83,10 +85,10 @@ def _write_range(data_dir: str, site: str, start: int, stop: int, n: int, base_u
             os.makedirs(paths.directory, exist_ok=True)
             made.add(paths.directory)
         data, second = _log_bytes(i, n, base_us)
-        for path, body in (
-            (paths.log, data),
-            (paths.index, INDEX_HEADER + encode_entry(0, 0) + encode_entry(second, 1)),
-        ):
+        files = [(paths.log, data)]
+        if with_index:
+            files.append((paths.index, INDEX_HEADER + encode_entry(0, 0) + encode_entry(second, 1)))
+        for path, body in files:
             fd = os.open(path, flags, 0o644)
             try:
                 os.write(fd, body)
@@ -107,8 +109,14 @@ def _snapshot(n: int, base_us: int) -> bytes:
     return magic + body + struct.pack("<I", crc32c(body))
 
 
-def build_site(data_dir: str, site: str, n: int, *, jobs: int = 1, base_us: int | None = None) -> BuildInfo:
-    """Write ``n`` conversations for ``site`` under ``data_dir`` (which must not hold that site yet)."""
+def build_site(
+    data_dir: str, site: str, n: int, *, jobs: int = 1, base_us: int | None = None, with_index: bool = False
+) -> BuildInfo:
+    """Write ``n`` conversations for ``site`` under ``data_dir`` (which must not hold that site yet).
+
+    ``with_index`` also writes each ``.idx``; off by default, since listing never opens a conversation and
+    the index is an optional hint (the engine rebuilds it on first open), while it doubles the files to
+    create and delete."""
     t0 = time.perf_counter()
     base_us = base_us if base_us is not None else time.time_ns() // 1000 - n * 1000 - 10**9
     site_dir = os.path.join(data_dir, "sites", site)
@@ -118,10 +126,12 @@ def build_site(data_dir: str, site: str, n: int, *, jobs: int = 1, base_us: int 
     ranges = [(s, min(s + chunk, n)) for s in range(0, n, chunk)]
     if jobs > 1 and len(ranges) > 1:
         with ProcessPoolExecutor(jobs) as pool:
-            futures = [pool.submit(_write_range, data_dir, site, a, b, n, base_us) for a, b in ranges]
+            futures = [
+                pool.submit(_write_range, data_dir, site, a, b, n, base_us, with_index) for a, b in ranges
+            ]
             log_bytes = sum(f.result() for f in futures)
     else:
-        log_bytes = sum(_write_range(data_dir, site, a, b, n, base_us) for a, b in ranges)
+        log_bytes = sum(_write_range(data_dir, site, a, b, n, base_us, with_index) for a, b in ranges)
     manifest_dir = os.path.join(site_dir, "manifest")
     os.makedirs(manifest_dir, exist_ok=True)
     with open(os.path.join(manifest_dir, "snapshot.1"), "wb") as fh:

@@ -11,6 +11,7 @@ reconciled (no manifest journal appeared), and sample conversations read back th
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -90,47 +91,78 @@ def _run_measure(data_dir: str, calls: int, info: BuildInfo) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def _built(data_dir: str, n: int, jobs: int, with_index: bool) -> BuildInfo:
+    """Build the site, or reuse one a previous ``--data-dir`` run left (its build.json says what it is)."""
+    meta = os.path.join(data_dir, "build.json")
+    if os.path.exists(meta):
+        with open(meta) as fh:
+            info = BuildInfo(**json.load(fh))
+        if info.conversations == n:
+            return info
+        raise RuntimeError(f"{data_dir} holds a {info.conversations}-conversation site, not {n}")
+    info = build_site(data_dir, SITE, n, jobs=jobs, with_index=with_index)
+    with open(meta, "w") as fh:
+        json.dump(dataclasses.asdict(info), fh)
+    return info
+
+
+def _measure_size(data_dir: str, n: int, runs: int, calls: int, jobs: int, with_index: bool) -> list[Row]:
+    info = _built(data_dir, n, jobs, with_index)
+    results = [_run_measure(data_dir, calls, info) for _ in range(runs)]
+    problems = sorted({p for r in results for p in r["problems"]})
+    note = f"built in {info.seconds:.0f}s ({info.log_bytes / 1e6:.0f} MB of logs); warm page cache"
+    if problems:
+        note += "; LAYOUT CHECK FAILED: " + "; ".join(problems)
+    label = f"{n:,} conversations"
+    return [
+        Row(
+            "P5",
+            f"list_conversations(50) p50, {label}",
+            "ms",
+            value=fig([r["list_p50_ms"] for r in results]),
+            goal=Goal("<=", 1.0, "<= 1 ms"),
+            note=note,
+        ),
+        Row(
+            "P5",
+            f"store open + first page, {label}",
+            "s",
+            value=fig([r["open_s"] for r in results]),
+            goal=Goal("<=", 10.0, "<= 10 s"),
+        ),
+        Row(
+            "P5",
+            f"RSS after open + paging, {label}",
+            "MB",
+            value=fig([r["rss_mb"] for r in results]),
+            goal=Goal("<=", 300.0, "<= 300 MB"),
+            note=f"RSS before opening the store: {results[0]['rss_before_mb']:.0f} MB; "
+            f"peak {max(r['peak_rss_mb'] for r in results):.0f} MB",
+        ),
+    ]
+
+
 def measure_listing(
-    sizes: tuple[int, ...], runs: int, calls: int, tmp_root: str | None, jobs: int = 2
+    sizes: tuple[int, ...],
+    runs: int,
+    calls: int,
+    tmp_root: str | None,
+    jobs: int = 2,
+    *,
+    data_dir: str | None = None,
+    with_index: bool = False,
 ) -> list[Row]:
+    """P5 rows for each size. With ``data_dir`` the built sites are kept there (and reused next time);
+    otherwise they are built in a scratch dir and deleted. Sites of 500k+ get at most 3 runs (each open
+    is a fresh process reading the whole manifest)."""
     rows = []
     for n in sizes:
-        with scratch_dir(tmp_root, f"listing-{n}") as data_dir:
-            info = build_site(data_dir, SITE, n, jobs=jobs)
-            results = [
-                _run_measure(data_dir, calls, info) for _ in range(runs if n < 500_000 else min(runs, 3))
-            ]
-        problems = sorted({p for r in results for p in r["problems"]})
-        note = f"built in {info.seconds:.1f}s ({info.log_bytes / 1e6:.0f} MB of logs), warm page cache"
-        if problems:
-            note += "; LAYOUT CHECK FAILED: " + "; ".join(problems)
-        label = f"{n:,} conversations"
-        rows += [
-            Row(
-                "P5",
-                f"list_conversations(50) p50, {label}",
-                "ms",
-                value=fig([r["list_p50_ms"] for r in results]),
-                goal=Goal("<=", 1.0, "<= 1 ms"),
-                note=note,
-            ),
-            Row(
-                "P5",
-                f"store open + first page, {label}",
-                "s",
-                value=fig([r["open_s"] for r in results]),
-                goal=Goal("<=", 10.0, "<= 10 s"),
-            ),
-            Row(
-                "P5",
-                f"RSS after open + paging, {label}",
-                "MB",
-                value=fig([r["rss_mb"] for r in results]),
-                goal=Goal("<=", 300.0, "<= 300 MB"),
-                note=f"process RSS before opening the store: {results[0]['rss_before_mb']:.0f} MB; "
-                f"peak {max(r['peak_rss_mb'] for r in results):.0f} MB",
-            ),
-        ]
+        n_runs = runs if n < 500_000 else min(runs, 3)
+        if data_dir is not None:
+            rows += _measure_size(os.path.join(data_dir, f"site-{n}"), n, n_runs, calls, jobs, with_index)
+            continue
+        with scratch_dir(tmp_root, f"listing-{n}") as scratch:
+            rows += _measure_size(scratch, n, n_runs, calls, jobs, with_index)
     return rows
 
 
@@ -141,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=500)
     parser.add_argument("--jobs", type=int, default=2, help="builder processes")
     parser.add_argument("--tmp-dir", default=None, help="scratch root (default: $LOGSTORE_BENCH_TMP or /tmp)")
+    parser.add_argument("--data-dir", help="keep the built sites here and reuse them on later runs")
+    parser.add_argument("--with-index", action="store_true", help="also write each conversation's .idx")
     parser.add_argument("--measure", metavar="DATA_DIR", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.measure:
@@ -149,7 +183,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from .report import format_table
 
-    rows = measure_listing(tuple(args.conversations), args.runs, args.calls, args.tmp_dir, args.jobs)
+    rows = measure_listing(
+        tuple(args.conversations),
+        args.runs,
+        args.calls,
+        args.tmp_dir,
+        args.jobs,
+        data_dir=args.data_dir,
+        with_index=args.with_index,
+    )
     print(format_table(rows))
     return 1 if any("FAILED" in r.note for r in rows) else 0
 
