@@ -59,6 +59,8 @@ def check(
     root = os.path.abspath(os.fspath(data_dir))
     if not os.path.isdir(root):
         raise InvalidArgument(f"data dir {root} does not exist or is not a directory", field="data_dir")
+    if not os.path.isdir(os.path.join(root, "sites")):  # every Store creates it: a wrong path, surely
+        raise InvalidArgument(f"{root} is not a logstore data dir (no sites/ directory)", field="data_dir")
     if site is not None:
         validate_site(site)
     if conversation is not None:
@@ -79,7 +81,7 @@ def check(
     filtered = site is not None or conversation is not None
     if not filtered:
         _check_top_level(ctx)
-    plans = [(name, _plan_site(ctx, name, conversation)) for name in _sites(ctx, site)]
+    plans = [(name, _plan_site(ctx, name, conversation)) for name in _sites(ctx, site, strays=not filtered)]
     ctx.total_bytes = sum(size for _, plan in plans for size in plan.values())
     for name, plan in plans:
         if conversation is not None and not plan:
@@ -92,31 +94,34 @@ def check(
 
 
 # ---------------------------------------------------------------------- layout
-def _sites(ctx: CheckContext, only: str | None) -> list[str]:
-    sites_dir = os.path.join(ctx.data_dir, "sites")
-    if only is not None:
-        return [only] if os.path.isdir(os.path.join(sites_dir, only)) else []
+def _scandir(ctx: CheckContext, path: str) -> list[os.DirEntry[str]]:
+    """Entries of ``path`` sorted by name; [] if it is gone; an unreadable directory is an io-error."""
     try:
-        entries = sorted(os.scandir(sites_dir), key=lambda e: e.name)
+        with os.scandir(path) as it:
+            return sorted(it, key=lambda e: e.name)
     except FileNotFoundError:
         return []
     except OSError as exc:
-        ctx.found("io-error", sites_dir, f"cannot list sites: {exc.strerror or exc}")
+        ctx.found("io-error", path, f"cannot list the directory: {exc.strerror or exc}")
         return []
+
+
+def _sites(ctx: CheckContext, only: str | None, *, strays: bool) -> list[str]:
+    sites_dir = os.path.join(ctx.data_dir, "sites")
     names = []
-    for entry in entries:
+    for entry in _scandir(ctx, sites_dir):
         if entry.is_dir(follow_symlinks=False) and is_valid_site(entry.name):
-            names.append(entry.name)
-        else:
+            if only is None or entry.name == only:
+                names.append(entry.name)
+        elif strays:
             ctx.found("unknown-file", entry.path, "not a site directory (left alone)")
     return names
 
 
 def _check_top_level(ctx: CheckContext) -> None:
-    for entry in os.scandir(ctx.data_dir):
-        if entry.name in _TOP_LEVEL:
-            continue
-        _stray(ctx, entry.path, entry.name, None)
+    for entry in _scandir(ctx, ctx.data_dir):
+        if entry.name not in _TOP_LEVEL:
+            _stray(ctx, entry.path, entry.name, None)
 
 
 def _stray(ctx: CheckContext, path: str, name: str, site: str | None) -> None:
@@ -140,7 +145,7 @@ def _plan_site(ctx: CheckContext, site: str, only: str | None) -> dict[str, int]
             _orphan_index(ctx, site, only, paths.index)
         return {} if size is None else {only: size}
     site_dir = os.path.join(ctx.data_dir, "sites", site)
-    for entry in os.scandir(site_dir):
+    for entry in _scandir(ctx, site_dir):
         if entry.name not in ("conversations", "manifest"):
             _stray(ctx, entry.path, entry.name, site)
     plan: dict[str, int] = {}
@@ -152,7 +157,15 @@ def _plan_site(ctx: CheckContext, site: str, only: str | None) -> dict[str, int]
             if ".log.broken-" in name:
                 ctx.report.broken_files += 1
             elif dot and "." + suffix in _CONVERSATION_SUFFIXES and is_valid_id(base):
-                if _leaf(base) != h1h2:
+                if _leaf(base) != h1h2 and suffix != "log":  # a stray index or lock holds no data
+                    ctx.found(
+                        "orphan-file",
+                        os.path.join(leaf, name),
+                        "in the wrong fan-out directory; holds no data (left alone)",
+                        site=site,
+                        conversation=base,
+                    )
+                elif _leaf(base) != h1h2:
                     ctx.found(
                         "misplaced-file",
                         os.path.join(leaf, name),
@@ -179,70 +192,79 @@ def _orphan_index(ctx: CheckContext, site: str, cid: str, path: str) -> Finding:
 def _leaves(ctx: CheckContext, site: str) -> Iterator[tuple[str, tuple[str, str], list[tuple[str, int]]]]:
     """(leaf dir, (h1, h2), [(file name, size)]) for every fan-out leaf; anything else is reported."""
     root = os.path.join(ctx.data_dir, "sites", site, "conversations")
-    try:
-        level1 = sorted(os.scandir(root), key=lambda e: e.name)
-    except FileNotFoundError:
-        return
-    for d1 in level1:
+    for d1 in _scandir(ctx, root):
         if not (d1.is_dir(follow_symlinks=False) and d1.name in _HEX2):
             _stray(ctx, d1.path, d1.name, site)
             continue
-        for d2 in sorted(os.scandir(d1.path), key=lambda e: e.name):
+        for d2 in _scandir(ctx, d1.path):
             if not (d2.is_dir(follow_symlinks=False) and d2.name in _HEX2):
                 _stray(ctx, d2.path, d2.name, site)
                 continue
             files = []
-            for f in os.scandir(d2.path):
-                if f.is_file(follow_symlinks=False):
-                    files.append((f.name, f.stat(follow_symlinks=False).st_size))
-                else:
-                    _stray(ctx, f.path, f.name, site)
-            yield d2.path, (d1.name, d2.name), sorted(files)
+            for f in _scandir(ctx, d2.path):
+                try:
+                    if f.is_file(follow_symlinks=False):
+                        files.append((f.name, f.stat(follow_symlinks=False).st_size))
+                        continue
+                except FileNotFoundError:  # removed meanwhile (a temp file renamed into place)
+                    continue
+                _stray(ctx, f.path, f.name, site)
+            yield d2.path, (d1.name, d2.name), files
 
 
 # ---------------------------------------------------------------------- per site
 def _check_site(ctx: CheckContext, site: str, plan: dict[str, int], *, whole_site: bool) -> None:
-    view = ManifestView(ctx, site)
+    mdir = manifest_dir(ctx.data_dir, site)
+    view: ManifestView | None = ManifestView(ctx, site)
     try:
         view.load()
-    except OSError as exc:
-        ctx.add(
-            Finding("io-error", ctx.rel(view.directory), f"cannot read: {exc.strerror or exc}", site=site)
-        )
-        return
+    except OSError as exc:  # still check the logs; there is just nothing to compare them with
+        ctx.found("io-error", mdir, f"cannot read the manifest: {exc.strerror or exc}", site=site)
+        view = None
     stale: dict[str, tuple[Finding, Entry]] = {}
     checked: dict[str, Entry] = {}
     unchecked: set[str] = set()
-    mdir = manifest_dir(ctx.data_dir, site)
 
     for cid in sorted(plan):
-        paths = conversation_paths(ctx.data_dir, site, cid)
 
         def compare(outcome: ConversationOutcome, cid: str = cid) -> None:
             # Under the conversation lock: a writer's manifest record for every append it finished is
             # in the journal by now, so a second look settles any race with it.
-            derived = outcome.entry
-            assert derived is not None
-            problem = _mismatch(view.entries.get(cid), derived, outcome.corrupt)
+            if view is None or outcome.entry is None:
+                return
+            problem = _mismatch(view.entries.get(cid), outcome.entry, outcome.corrupt)
             if problem is not None:
                 view.refresh()
-                problem = _mismatch(view.entries.get(cid), derived, outcome.corrupt)
+                problem = _mismatch(view.entries.get(cid), outcome.entry, outcome.corrupt)
             if problem is not None:
                 finding = ctx.found("manifest-stale", mdir, problem, site=site, conversation=cid)
-                stale[cid] = (finding, derived)
+                stale[cid] = (finding, outcome.entry)
 
-        outcome = check_conversation(ctx, site, cid, paths, compare)
+        outcome = check_conversation(ctx, site, cid, conversation_paths(ctx.data_dir, site, cid), compare)
         ctx.report.conversations += 1
         if outcome.checked and outcome.entry is not None:
             checked[cid] = outcome.entry
         else:
             unchecked.add(cid)
+    if view is not None:
+        _check_manifest(ctx, view, plan, stale, checked, unchecked, whole_site=whole_site)
 
+
+def _check_manifest(
+    ctx: CheckContext,
+    view: ManifestView,
+    plan: dict[str, int],
+    stale: dict[str, tuple[Finding, Entry]],
+    checked: dict[str, Entry],
+    unchecked: set[str],
+    *,
+    whole_site: bool,
+) -> None:
+    """Site-level manifest findings (damage, lost logs, strays), then its repair."""
+    site = view.site
     problems = [finding for finding, _ in stale.values()]
     for path, offset, message in view.damage:
-        problems.append(
-            ctx.add(Finding("manifest-damaged", ctx.rel(path), message, site=site, offset=offset))
-        )
+        problems.append(ctx.found("manifest-damaged", path, message, site=site, offset=offset))
     if whole_site:
         for cid, entry in sorted(view.entries.items()):
             log_path = conversation_paths(ctx.data_dir, site, cid).log
@@ -275,9 +297,9 @@ def _check_site(ctx: CheckContext, site: str, plan: dict[str, int], *, whole_sit
         else:
             _fix_entries(view, stale)
     except Timeout as exc:
-        ctx.found("lock-timeout", mdir, f"{exc}: manifest not repaired", site=site)
+        ctx.found("lock-timeout", view.directory, f"{exc}: manifest not repaired", site=site)
     except OSError as exc:
-        ctx.found("io-error", mdir, f"manifest repair failed: {exc.strerror or exc}", site=site)
+        ctx.found("io-error", view.directory, f"manifest repair failed: {exc.strerror or exc}", site=site)
 
 
 def _mismatch(stored: Entry | None, derived: Entry, corrupt: bool) -> str | None:

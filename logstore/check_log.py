@@ -26,12 +26,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .check_index import index_evidence, index_problem
 from .check_report import CheckContext, Finding
 from .conversation import ConversationPaths
 from .errors import Timeout
 from .fileio import FileOps
 from .frame import Frame, decode_frame
-from .index_codec import ENTRY_SIZE, INDEX_HEADER, INDEX_HEADER_SIZE, decode_entry, encode_entry, header_ok
+from .index_codec import INDEX_HEADER, INDEX_HEADER_SIZE, encode_entry, header_ok
 from .locking import lock_for
 from .manifest import Entry
 from .scanner import FrameMeta, ScanResult, first_valid_frame_after, scan_log
@@ -279,7 +280,7 @@ def _check_locked(
     # Step 3: a checked index entry at or past the stop point proves those bytes were acknowledged.
     last = scan.last
     stop = last.stop_offset if last.state == "torn" else last.end if last.state == "clean" else None
-    evidence = _evidence(body, expected, stop) if stop is not None else []
+    evidence = index_evidence(body, expected, stop) if stop is not None else []
     if evidence:
         if last.state == "clean":
             last.stop_offset, last.reason = last.end, "missing-frames"
@@ -362,7 +363,7 @@ def _check_locked(
         scan = LogScan(cut, scan.segments[: keep + 1])
 
     if not scan.corrupt:
-        found = _index_problem(index, body, expected, scan.prefix.frames)
+        found = index_problem(index, body, expected, scan.prefix.frames)
         rebuilt = cut is not None and lost is not None  # a truncated corrupt log gets a fresh index anyway
         if found is not None or rebuilt:
             if ctx.repair:
@@ -399,29 +400,6 @@ def _cut_log(ctx: CheckContext, paths: ConversationPaths, cut: int, size: int) -
     return saved
 
 
-def _common_entries(body: bytes, expected: bytes) -> int:
-    """How many leading index entries equal the expected ones."""
-    n = min(len(body), len(expected)) // ENTRY_SIZE
-    if body[: n * ENTRY_SIZE] == expected[: n * ENTRY_SIZE]:
-        return n
-    view_a, view_b = memoryview(body), memoryview(expected)
-    for i in range(n):
-        pos = i * ENTRY_SIZE
-        if view_a[pos : pos + ENTRY_SIZE] != view_b[pos : pos + ENTRY_SIZE]:
-            return i
-    return n  # pragma: no cover - unreachable: the slices differed
-
-
-def _evidence(body: bytes, expected: bytes, stop: int) -> list[tuple[int, int]]:
-    """(offset, first_seq) of checked index entries pointing at or past ``stop``."""
-    out = []
-    for i in range(_common_entries(body, expected), len(body) // ENTRY_SIZE):
-        entry = decode_entry(body, i)
-        if entry is not None and entry[0] >= stop:
-            out.append(entry)
-    return out
-
-
 def _affected(scan: LogScan, i: int, evidence: list[tuple[int, int]]) -> tuple[int, int | None] | None:
     """Seqs affected by the stop ending segment ``i``: between its last good seq and the next segment."""
     seg = scan.segments[i]
@@ -442,44 +420,6 @@ def _lost_seqs(scan: LogScan, evidence: list[tuple[int, int]]) -> tuple[int, int
     later += [seq for _, seq in evidence]
     last = max(later, default=None)
     return (first, last if last is not None and last >= first else None)
-
-
-def _index_problem(
-    index: bytes | None, body: bytes, expected: bytes, frames: list[FrameMeta]
-) -> tuple[str, int | None, tuple[int, int | None] | None, str] | None:
-    """The first way the index disagrees with the good frames, or None: (kind, offset, seqs, message)."""
-    n = len(expected) // ENTRY_SIZE
-
-    def span(i: int) -> tuple[int, int]:
-        return (frames[i].first_seq, frames[-1].first_seq + frames[-1].count - 1)
-
-    if not index:
-        return ("index-missing", None, span(0), "no index for a log with frames") if n else None
-    if not header_ok(index):
-        return ("index-wrong", 0, span(0) if n else None, "bad index header")
-    m, partial = divmod(len(body), ENTRY_SIZE)
-    i = _common_entries(body, expected)
-    off = INDEX_HEADER_SIZE + i * ENTRY_SIZE
-    if i < min(m, n):
-        if all(decode_entry(body, j) is None for j in range(i, m)):
-            return ("index-stale", off, span(i), f"torn index tail from entry {i} (frame {i} not indexed)")
-        got = decode_entry(body, i)
-        said = f"offset {got[0]}, seq {got[1]}" if got else "a bad check"
-        return (
-            "index-wrong",
-            off,
-            span(i),
-            f"entry {i} says {said}; frame {i} is at offset {frames[i].offset}, seq {frames[i].first_seq}",
-        )
-    if m < n:
-        return ("index-stale", off, span(m), f"index lags the log: {n - m} frame(s) not indexed")
-    if m > n:
-        if any(decode_entry(body, j) is not None for j in range(n, m)):
-            return ("index-wrong", off, None, f"index leads the log: {m - n} entry(ies) for frames it lacks")
-        return ("index-stale", off, None, f"torn index tail: {m - n} entry(ies) fail their check")
-    if partial:
-        return ("index-stale", INDEX_HEADER_SIZE + m * ENTRY_SIZE, None, "torn index tail (partial entry)")
-    return None
 
 
 def current_entry(ctx: CheckContext, paths: ConversationPaths, known: Entry | None) -> Entry | None:

@@ -294,6 +294,12 @@ def misplaced_log(w: World) -> Expect:
     return Expect("misplaced-file", w.rel(target), None, None, exit_repair=4)
 
 
+def misplaced_index(w: World) -> Expect:
+    target = os.path.join(w.data_dir, "sites", SITE, "conversations", "00", "00", "conv-cccc03.idx")
+    create(target, w.read(w.paths().index))
+    return Expect("orphan-file", w.rel(target), None, None, exit_check=0, exit_repair=0)
+
+
 def log_deleted(w: World) -> Expect:
     os.unlink(w.paths(C2).log)
     os.unlink(w.paths(C2).index)
@@ -328,6 +334,7 @@ CASES: list[Callable[[World], Expect]] = [
     unknown_file,
     stale_temp_file,
     misplaced_log,
+    misplaced_index,
     log_deleted,
 ]
 
@@ -505,6 +512,9 @@ def test_lock_held_by_another_process_is_reported_not_skipped(world):
 def test_bad_arguments_are_clear_errors(tmp_path, world):
     with pytest.raises(InvalidArgument, match="does not exist"):
         check(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InvalidArgument, match="not a logstore data dir"):
+        check(tmp_path / "empty")
     with pytest.raises(InvalidArgument):
         check(world.data_dir, site="bad site")
     with pytest.raises(Exception, match="conversation_id"):
