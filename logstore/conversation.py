@@ -387,14 +387,13 @@ class ConversationLog:
 
     def _truncate_torn_tail(self) -> None:
         assert self._log_fd is not None and self._torn_at is not None
-        size = self.ops.size(self._log_fd)
-        log.warning(
-            "truncating torn tail of %s at offset %d (%d unacknowledged bytes)",
-            self.paths.log,
-            self._end,
-            size - self._end,
-        )
         try:
+            log.warning(
+                "truncating torn tail of %s at offset %d (%d unacknowledged bytes)",
+                self.paths.log,
+                self._end,
+                self.ops.size(self._log_fd) - self._end,
+            )
             self.ops.ftruncate(self._log_fd, self._end)
             self.ops.fdatasync(self._log_fd)
         except OSError as exc:
@@ -453,7 +452,10 @@ class ConversationLog:
 
     def _commit_group(self, group: list[AppendRequest]) -> None:
         if self._lock is None:
-            self.ops.makedirs_durable(self.paths.directory)
+            try:
+                self.ops.makedirs_durable(self.paths.directory)
+            except OSError as exc:
+                raise self._io_error("mkdir", exc) from exc
             self._lock = lock_for(self.paths.lock)
         self._lock.acquire(self.lock_timeout)
         try:

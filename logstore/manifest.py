@@ -191,8 +191,13 @@ class SiteManifest:
                 self._load()
                 self._reconcile()
                 self._loaded = True
+            except OSError as exc:  # reading the manifest or stat-ing a log failed: retryable
+                raise self._io_error("load", exc) from exc
             finally:
                 self._loading = False
+
+    def _io_error(self, action: str, exc: OSError) -> Io:
+        return Io(f"manifest {action} failed for site {self.site}: {exc.strerror or exc}", errno=exc.errno)
 
     def _generations(self) -> tuple[list[int], list[int]]:
         try:
@@ -390,7 +395,10 @@ class SiteManifest:
     def list_page(self, cursor: str | None, limit: int) -> ConversationListing:
         with self._lock:
             self.ensure_loaded()
-            self._refresh()
+            try:
+                self._refresh()
+            except OSError as exc:
+                raise self._io_error("refresh", exc) from exc
             start = 0
             if cursor is not None:
                 last_at, cid = self._decode_cursor(cursor)

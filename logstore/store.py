@@ -29,7 +29,7 @@ from typing import Any
 
 from .batch import encode_batch
 from .conversation import AppendRequest, CommitInfo, ConversationLog, ConversationPaths
-from .errors import InvalidArgument, Unavailable
+from .errors import InvalidArgument, Io, Unavailable
 from .fileio import OS_FILE_OPS, FileOps
 from .ids import validate_conversation_id, validate_site
 from .limits import DEFAULT_LIST_LIMIT, DEFAULT_RECALL_COUNT, MAX_READ_COUNT
@@ -65,8 +65,11 @@ class Store:
         self.lock_timeout = float(lock_timeout)
         self.ops = file_ops
         self.max_open_conversations = max(1, max_open_conversations)
-        self.ops.makedirs_durable(os.path.join(self.data_dir, "sites"))
-        self._cursor_key = self._load_secret()
+        try:
+            self.ops.makedirs_durable(os.path.join(self.data_dir, "sites"))
+            self._cursor_key = self._load_secret()
+        except OSError as exc:  # every I/O failure the caller sees is the retryable Io
+            raise Io(f"cannot open data dir {self.data_dir}: {exc.strerror or exc}", errno=exc.errno) from exc
         self._guard = threading.Lock()
         self._handles: OrderedDict[tuple[str, str], ConversationLog] = OrderedDict()
         self._users: dict[tuple[str, str], int] = {}
