@@ -478,9 +478,10 @@ class ConversationLog:
         if self._on_create is not None:
             self._on_create(self.conversation_id)  # durable manifest record first: manifest ⊇ logs on disk
         try:
+            # The directory entry is made durable by the first frame's commit (``_write_group``), which
+            # also covers a log left by an attempt or a process that failed before syncing it.
             fd = self.ops.open(self.paths.log, os.O_RDWR | os.O_CREAT)
             self.ops.close(fd)
-            self.ops.fsync_dir(self.paths.directory)
         except OSError as exc:
             raise self._io_error("create", exc) from exc
         with self._state_lock:
@@ -515,6 +516,11 @@ class ConversationLog:
         try:
             self.ops.pwrite(self._log_fd, b"".join(frames) if len(frames) > 1 else frames[0], write_start)
             self.ops.fdatasync(self._log_fd)
+            if write_start == 0:
+                # First frame: the log's own directory entry must be durable before anything in it is
+                # acknowledged. Done here rather than at creation so that a failed directory fsync is
+                # retried with the append (a retry finds the file and never creates it again).
+                self.ops.fsync_dir(self.paths.directory)
         except OSError as exc:
             self._poison()
             error = self._io_error("write+fdatasync", exc)

@@ -103,17 +103,31 @@ class FileOps:
 
     # --- compound operations (built only from the primitives above) -------------------------------
     def makedirs_durable(self, path: str) -> None:
-        """Create ``path`` and missing parents, fsyncing each parent so the new entries survive a crash."""
+        """Create ``path`` and missing parents so that, when this returns, every entry on the way survives
+        a crash.
+
+        A directory's existence says nothing about its entry being durable: the attempt that created it
+        may have failed at the parent fsync (or its process died just before it). So besides the parent of
+        every directory created here, the parent of the deepest directory that already existed is fsynced
+        too. A failed attempt stops at its first failure, leaving at most that one level unsynced, and a
+        retry makes it durable. Cost: one extra directory fsync per call (callers call it rarely)."""
         path = os.path.abspath(path)
-        if self.exists(path):
-            return
-        parent = os.path.dirname(path)
-        self.makedirs_durable(parent)
-        try:
-            self.mkdir(path)
-        except FileExistsError:
-            return
-        self.fsync_dir(parent)
+        missing = []
+        existing = path
+        while not self.exists(existing):
+            missing.append(existing)
+            parent = os.path.dirname(existing)
+            if parent == existing:
+                break
+            existing = parent
+        if existing != os.path.dirname(existing):
+            self.fsync_dir(os.path.dirname(existing))
+        for directory in reversed(missing):
+            try:
+                self.mkdir(directory)
+            except FileExistsError:
+                pass  # created concurrently; still fsync its parent below
+            self.fsync_dir(os.path.dirname(directory))
 
     def atomic_write(self, path: str, data: bytes) -> None:
         """Replace ``path`` with ``data``: temp file + fsync + rename + directory fsync."""

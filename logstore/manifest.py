@@ -317,10 +317,11 @@ class SiteManifest:
         if self._journal_fd is None:
             self.ops.makedirs_durable(self.directory)
             path = self._path("journal", self._gen)
-            existed = self.ops.exists(path)
             self._journal_fd = self.ops.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-            if not existed:
-                self.ops.fsync_dir(self.directory)
+            # Always, not only when this call created the file: the creator may have failed (or died)
+            # before its directory fsync, and creation records synced into an entry that is not durable
+            # would vanish with it. Once per journal per process.
+            self.ops.fsync_dir(self.directory)
         return self._journal_fd
 
     def _append_record(self, cid: str, entry: Entry, *, sync: bool = False) -> None:
