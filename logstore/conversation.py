@@ -145,6 +145,8 @@ class ConversationLog:
         self._closed = False
         self._fd_readers = _ReaderGuard()
         self._generation = 0  # bumped whenever descriptors are closed or state is rebuilt
+        # Start of a failed write whose cleanup (truncate + fdatasync) failed too; survives reloads.
+        self._unsafe_from: int | None = None
         self._reset_state()
 
     # ------------------------------------------------------------------ state
@@ -413,9 +415,46 @@ class ConversationLog:
                 self.ops.ftruncate(fd, self._end)
                 self.ops.fdatasync(fd)
             except OSError:
-                pass
+                # The cut did not happen or is not durable. After a failed fsync the kernel drops the
+                # dirty pages' error state: the failed write can read back as valid frames from the page
+                # cache although the disk never got them, and a later fsync will not write them. Remember
+                # where it began: the next commit cuts it off before building on it.
+                self._unsafe_from = self._end
         with self._state_lock:
             self._close_fds()
+
+    def _drop_unsafe_tail(self) -> None:
+        """Cut off what a failed write left behind (see ``_poison``) before appending after it, unless
+        another writer already appended after those bytes (then it is too late: leave them). Caller holds
+        the file lock, with state just refreshed."""
+        cut, self._unsafe_from = self._unsafe_from, None
+        assert cut is not None and self._log_fd is not None
+        if self._end <= cut:
+            return  # nothing of the failed write was taken in (a torn tail is truncated by the refresh)
+        try:
+            size = self.ops.size(self._log_fd)
+            pos = cut
+            while pos < self._end:
+                frame = self._read_frame(pos, size)
+                if not isinstance(frame, Frame) or frame.write_start != cut:
+                    log.warning(
+                        "log %s: frames after a failed write at offset %d were appended by another "
+                        "writer; leaving them",
+                        self.paths.log,
+                        cut,
+                    )
+                    return
+                pos = frame.end
+            log.warning("log %s: cutting a failed write at offset %d before appending", self.paths.log, cut)
+            self.ops.ftruncate(self._log_fd, cut)
+            self.ops.fdatasync(self._log_fd)
+        except OSError as exc:
+            self._unsafe_from = cut  # still unsafe: try again at the next commit
+            with self._state_lock:
+                self._close_fds()
+            raise self._io_error("truncate after a failed write", exc) from exc
+        with self._state_lock:
+            self._load_locked_io()
 
     # ------------------------------------------------------------------ appends
     def append(self, request: AppendRequest) -> SeqRange:
@@ -470,6 +509,8 @@ class ConversationLog:
                     path=self.paths.log,
                     offset=offset,
                 )
+            if self._unsafe_from is not None:
+                self._drop_unsafe_tail()
             self._write_group(group)
         finally:
             self._lock.release()
