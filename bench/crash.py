@@ -105,7 +105,7 @@ def measure_crash(profile: Profile, directory: str) -> list[Row]:
     return [
         Row(
             "P7",
-            "reopen after SIGKILL of a writer: Store() + first recall, ~100k-item conversation",
+            f"reopen after SIGKILL of a writer: Store() + first recall, ~{profile.crash_items:,}-item log",
             "ms",
             value=fig(reopen),
             goal=Goal("<=", 50.0, "<= 50 ms"),

@@ -121,17 +121,21 @@ def write_plot(path: str, rows: Sequence[Row]) -> bool:
             (lambda x, t=r.goal.target: x / t) if r.goal.op == ">=" else (lambda x, t=r.goal.target: t / x)
         )
         m, a, b = scale(j.median), scale(j.lo), scale(j.hi)
-        labels.append(f"{r.id} {r.measure[:48]}")
+        labels.append(f"{r.id} {r.measure[:64]}")
         mids.append(m)
         los.append(max(0.0, m - min(a, b)))
         his.append(max(0.0, max(a, b) - m))
         colors.append("tab:green" if r.met else "tab:red")
     ypos = list(range(len(goals)))[::-1]
-    ax1.barh(ypos, mids, xerr=[los, his], color=colors, capsize=3)
+    clip = [min(max(m, 0.05), 50.0) for m in mids]
+    ax1.errorbar(clip, ypos, xerr=[los, his], fmt="none", ecolor="gray", capsize=3)
+    ax1.scatter(clip, ypos, c=colors, s=40, zorder=3)
+    ax1.set_xscale("log")
+    ax1.set_xlim(0.05, 50)
     ax1.axvline(1.0, color="black", linestyle="--", linewidth=1)
     ax1.set_yticks(ypos, labels, fontsize=7)
-    ax1.set_xlabel("goal attainment (>= 1 meets the goal; bars: median, whiskers: min-max)")
-    ax1.set_title("Goals, each as a ratio against its goal")
+    ax1.set_xlabel("goal attainment, log scale (>= 1 meets the goal; dot: median, whiskers: min-max)")
+    ax1.set_title("Goals, each measured against its goal")
     if sweep:
         names = [f"b{r.extra['batch']} x {r.extra['item_size']}B" for r in sweep]
         ratios = [r.ratio.median if r.ratio else 0 for r in sweep]
