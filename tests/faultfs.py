@@ -332,9 +332,17 @@ class FaultFS(FileOps):
                     node.pending.clear()
                 raise
             self._point()  # power lost before the sync completed: everything is still up in the air
-            if node is not None and node.pending:
-                node.durable = bytearray(self._fate_content(node, self.rng, "keep"))
-                node.pending.clear()
+            if node is not None:
+                if node.pending:
+                    node.durable = bytearray(self._fate_content(node, self.rng, "keep"))
+                    node.pending.clear()
+                # The size on disk becomes the file's current size, even where the data under it was
+                # lost by an earlier failed sync (those bytes read as zeros).
+                size = os.fstat(fd).st_size
+                if size < len(node.durable):
+                    del node.durable[size:]
+                else:
+                    node.durable.extend(bytes(size - len(node.durable)))
 
     def ftruncate(self, fd: int, size: int) -> None:
         with self._mutex:
