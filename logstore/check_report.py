@@ -94,7 +94,7 @@ class Finding:
 
     @property
     def severity(self) -> str:
-        return KINDS[self.kind]
+        return KINDS.get(self.kind, ERROR)  # an unlisted kind (a new scanner reason) is an error
 
     def to_dict(self) -> dict[str, Any]:
         return {
