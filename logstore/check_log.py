@@ -25,6 +25,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from .check_index import index_evidence, index_problem
 from .check_report import CheckContext, Finding
@@ -144,12 +145,10 @@ def _locked_rescan(ops: FileOps, fd: int, scan: LogScan, on_frame: Callable[[Fra
     """Bring an unlocked scan up to date under the lock (see the module docstring, step 2)."""
     size = ops.size(fd)
     last = scan.last
-    if size == scan.size and last.state == "clean":
-        return scan
-    if size < scan.size or (size != scan.size and len(scan.segments) > 1) or last.state == "corrupt":
-        # Cut back (a repair elsewhere) or a corrupt log that changed: nothing can be trusted, start over.
-        if size == scan.size:
-            return scan
+    if size == scan.size and last.state != "torn":
+        return scan  # nothing appended; a torn tail is re-read below (it may have been cut and rewritten)
+    if size < scan.size or (size != scan.size and (len(scan.segments) > 1 or last.state == "corrupt")):
+        # Cut back (a repair elsewhere), or a corrupt log that changed: start over.
         return LogScan(size, scan_segments(ops, fd, size=size, on_frame=on_frame))
     tail = scan_segments(
         ops,
@@ -221,7 +220,7 @@ def check_conversation(
     on_frame = count if ctx.progress is not None else None  # a call per frame costs ~5% on small frames
 
     def problem(kind: str, path: str, message: str) -> ConversationOutcome:
-        ctx.add(Finding(kind, ctx.rel(path), message, site=site, conversation=conversation))
+        ctx.found(kind, path, message, site=site, conversation=conversation)
         return ConversationOutcome(False)
 
     try:
@@ -288,8 +287,8 @@ def _check_locked(
             last.stop_offset, last.reason = last.end, "missing-frames"
         last.state = "corrupt"
 
-    def add(kind: str, path: str, message: str, **kw: object) -> Finding:
-        return ctx.add(Finding(kind, ctx.rel(path), message, site=site, conversation=conversation, **kw))  # type: ignore[arg-type]
+    def add(kind: str, path: str, message: str, **fields: Any) -> Finding:
+        return ctx.found(kind, path, message, site=site, conversation=conversation, **fields)
 
     # Repairs first (their results go into the findings), bytes saved before anything is cut.
     cut: int | None = None
