@@ -369,6 +369,26 @@ class ConversationLog:
                         self._load_created_at()
         if locked and self._torn_at is not None and self._corrupt is None:
             self._truncate_torn_tail()
+        if locked and self._idx_fd is not None:
+            self._follow_replaced_index()
+
+    def _follow_replaced_index(self) -> None:
+        """fsck --repair replaces an index by rename: write to the new file, not the orphaned inode."""
+        assert self._idx_fd is not None
+        try:
+            if self.ops.same_file(self._idx_fd, self.paths.index):
+                return
+            fd = self.ops.open(self.paths.index, os.O_RDWR | os.O_CREAT)
+        except OSError as exc:
+            log.warning("cannot reopen replaced index %s: %s", self.paths.index, exc)
+            return
+        with self._fd_readers.exclusive():
+            old, self._idx_fd = self._idx_fd, fd
+        try:
+            self.ops.close(old)
+        except OSError:
+            pass
+        self._index_valid = 0  # rewrite it whole from the log-verified entries at the next commit
 
     def _tail_matches(self) -> bool:
         """The last frame we know is still where we left it (cheap: its magic and CRC bytes)."""

@@ -94,6 +94,14 @@ class FileOps:
     def listdir(self, path: str) -> list[str]:
         return os.listdir(path)
 
+    def same_file(self, fd: int, path: str) -> bool:
+        """Whether ``path`` still names the file open as ``fd`` (False if it was replaced or removed)."""
+        try:
+            a, b = os.fstat(fd), os.stat(path)
+        except FileNotFoundError:
+            return False
+        return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
     def stat_size(self, path: str) -> int | None:
         """Size of the file at ``path``, or None if it does not exist."""
         try:

@@ -175,3 +175,20 @@ def test_index_entry_pointing_mid_frame_is_never_served(data_dir):
     with Store(data_dir) as s:
         assert s.replay(SITE, CID, 0, 1000) == items
         assert s.replay(SITE, CID, 6, 3) == items[6:9]
+
+
+def test_index_replaced_by_rename_while_open_is_followed(data_dir):
+    """fsck --repair replaces an index by rename; a running store must write into the new file."""
+    with Store(data_dir) as s:
+        for n in range(4):
+            s.append(SITE, CID, [{"n": n}])
+        idx = conversation_paths(str(data_dir), SITE, CID).index
+        with open(idx, "rb") as f:
+            content = f.read()
+        tmp = idx + ".tmp"
+        with open(tmp, "wb") as f:
+            f.write(content)
+        os.replace(tmp, idx)
+        s.append(SITE, CID, [{"n": 4}])
+    log = conversation_paths(str(data_dir), SITE, CID).log
+    assert os.path.getsize(idx) == INDEX_HEADER_SIZE + ENTRY_SIZE * len(frames_of(log)) == 16 + 5 * 16
