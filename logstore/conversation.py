@@ -218,8 +218,11 @@ class ConversationLog:
                 self._idx_fd = self.ops.open(self.paths.index, os.O_RDWR | os.O_CREAT)
             except OSError as exc:  # the index is a hint: run without one rather than fail reads
                 log.warning("cannot open index %s: %s", self.paths.index, exc)
-            size = self.ops.size(self._log_fd)
+            # Index first, log size second: an entry is written only after its frame is fdatasynced,
+            # so every entry read here is for a frame the later stat covers. The other order let an
+            # append by another process in between look like a missing acknowledged frame (Corrupted).
             entries = self._read_index_entries()
+            size = self.ops.size(self._log_fd)
             start, expected_seq, last_at = self._validate_index_tail(entries, size)
             result = scan_log(
                 self.ops,
