@@ -39,6 +39,7 @@ __all__ = [
     "TortureFailure",
     "writer_main",
     "cid_ok",
+    "shared_conversations",
     "register_summary",
 ]
 
@@ -282,13 +283,19 @@ def verify_store(
                 raise TortureFailure(f"{site}/{cid} seq {pos}: recorded_at went back")
             last_at = head.recorded_at
             seen[bid] += 1
-            if seen[bid] > 1 and (batch is None or not batch.failed) and known is not None:
+            if seen[bid] > 1 and (batch is None or not batch.failed):
                 raise TortureFailure(f"{site}/{cid}: batch {bid} is present twice but was never retried")
             batches.append((bid, pos, head.recorded_at))
             result.batches_present += 1
             pos += n
-        tail = store.recall(site, cid, min(7, page))
-        if tail != items[-7:]:
+        # recall agrees with replay (items appended since by other processes may follow)
+        tail = store.recall(site, cid, 7)
+        seqs = [item.seq for item in tail]
+        if seqs != list(range(seqs[0], seqs[0] + len(seqs))) if seqs else len(items) > 0:
+            raise TortureFailure(f"{site}/{cid}: recall(7) returned seqs {seqs}")
+        if seqs and (seqs[-1] < len(items) - 1 or len(tail) < min(7, len(items))):
+            raise TortureFailure(f"{site}/{cid}: recall(7) returned seqs {seqs}, the log holds {len(items)}")
+        if any(item != items[item.seq] for item in tail if item.seq < len(items)):
             raise TortureFailure(f"{site}/{cid}: recall(7) disagrees with replay")
         found[(site, cid)] = batches
         result.items += len(items)
@@ -344,12 +351,18 @@ def _verify_listing(
 
 
 # --------------------------------------------------------------------------- kill -9 writer process
-SHARED = [
-    ("site-a", "shared-conv-0"),
-    ("site-a", "shared-conv-1"),
-    ("site-b", "shared-conv-0"),
-    ("site-b", "shared-conv-2"),
-]
+EPOCH_GENERATIONS = 150  # writer generations per set of shared conversations (each stays << 100k items)
+
+
+def shared_conversations(gen: int) -> list[tuple[str, str]]:
+    """The conversations every writer of generation ``gen`` shares (two sites; one id in both)."""
+    epoch = gen // EPOCH_GENERATIONS
+    return [
+        ("site-a", f"shared-conv-0-e{epoch}"),
+        ("site-a", f"shared-conv-1-e{epoch}"),
+        ("site-b", f"shared-conv-0-e{epoch}"),
+        ("site-b", f"shared-conv-2-e{epoch}"),
+    ]
 
 
 def writer_main(data_dir: str, ack_path: str, gen: int, seed: int, threads: int) -> None:
@@ -364,17 +377,20 @@ def writer_main(data_dir: str, ack_path: str, gen: int, seed: int, threads: int)
         os.write(ack_fd, f"X open {type(exc).__name__} {exc}\n".encode())
         os._exit(3)
 
+    shared = shared_conversations(gen)
+
     def run(t: int) -> None:
         rng = random.Random(seed * 1000 + t)
         k = 0
         while True:
             if rng.random() < 0.8:
-                site, cid = rng.choice(SHARED)
+                site, cid = rng.choice(shared)
             else:
                 site, cid = rng.choice(("site-a", "site-b")), f"own-g{gen}-{rng.randint(0, 2)}"
             bid = f"g{gen}t{t}k{k}"
             k += 1
-            n = batch_size(bid, 0.5)
+            roll = rng.random()
+            n = rng.randint(1, 2) if roll < 0.7 else rng.randint(3, 6) if roll < 0.95 else rng.randint(10, 25)
             items = items_for(bid, n, 0.1)
             try:
                 r = store.append(site, cid, items)
@@ -384,6 +400,7 @@ def writer_main(data_dir: str, ack_path: str, gen: int, seed: int, threads: int)
                 os.write(ack_fd, f"X append {site} {cid} {bid} {type(exc).__name__} {exc}\n".encode())
                 os._exit(4)
             os.write(ack_fd, f"A {site} {cid} {bid} {n} {r.first} {r.last}\n".encode())
+            time.sleep(rng.random() * 0.002)  # leave the (shared) CPUs some air; kills still land anywhere
 
     for t in range(threads):
         threading.Thread(target=run, args=(t,), daemon=True).start()
