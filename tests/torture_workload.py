@@ -387,6 +387,14 @@ def writer_main(data_dir: str, ack_path: str, gen: int, seed: int, threads: int)
                 site, cid = rng.choice(shared)
             else:
                 site, cid = rng.choice(("site-a", "site-b")), f"own-g{gen}-{rng.randint(0, 2)}"
+            if rng.random() < 0.15:  # a reader among the writers: what it sees must be right
+                try:
+                    problem = _check_read(store.recall(site, cid, rng.randint(1, 20)))
+                except LogstoreError as exc:
+                    problem = f"{type(exc).__name__} {exc}"
+                if problem:
+                    os.write(ack_fd, f"X recall {site} {cid} {problem}\n".encode())
+                    os._exit(5)
             bid = f"g{gen}t{t}k{k}"
             k += 1
             roll = rng.random()
@@ -406,6 +414,23 @@ def writer_main(data_dir: str, ack_path: str, gen: int, seed: int, threads: int)
         threading.Thread(target=run, args=(t,), daemon=True).start()
     while True:
         time.sleep(3600)
+
+
+def _check_read(items: list) -> str | None:
+    """Why a recall result read by a writer is wrong (or None): contiguous seqs, every item exactly the
+    payload its batch id says, one recorded_at per batch."""
+    stamps: dict[str, object] = {}
+    for k, item in enumerate(items):
+        if item.seq != items[0].seq + k:
+            return f"seqs not contiguous: {[i.seq for i in items]}"
+        bid, i, n = item.payload.get("b"), item.payload.get("i"), item.payload.get("n")
+        if not isinstance(bid, str) or not isinstance(n, int) or not isinstance(i, int) or not 0 <= i < n:
+            return f"seq {item.seq}: not a torture item"
+        if _encode(item.payload) != expected_encoded(bid, n, 0.1)[i]:
+            return f"seq {item.seq}: item {i} of {bid} differs"
+        if stamps.setdefault(bid, item.recorded_at) != item.recorded_at:
+            return f"seq {item.seq}: batch {bid} has two recorded_at values"
+    return None
 
 
 def _main() -> None:  # pragma: no cover - manual use: python -m tests.torture_workload DIR ACKS GEN SEED T
