@@ -11,9 +11,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from .stats import Figure, Row, cpu_count
+from .stats import Figure, Goal, Row, cpu_count
 
-__all__ = ["format_table", "format_figure", "write_json", "write_plot", "environment"]
+__all__ = ["format_table", "format_figure", "write_json", "write_plot", "environment", "load_json"]
 
 
 def _num(x: float) -> str:
@@ -99,6 +99,45 @@ def write_json(path: str, profile: str, rows: Sequence[Row], env: dict[str, Any]
     doc = {"profile": profile, "command": command, "environment": env, "rows": [r.to_json() for r in rows]}
     with open(path, "w") as fh:
         json.dump(doc, fh, indent=2)
+
+
+def load_json(path: str) -> tuple[dict[str, Any], list[Row]]:
+    """A results file back as (document, rows), e.g. to re-print a table as Markdown."""
+    with open(path) as fh:
+        doc = json.load(fh)
+    rows = []
+    for r in doc["rows"]:
+
+        def figure(x: dict[str, Any] | None) -> Figure | None:
+            return Figure(tuple(x["samples"])) if x else None
+
+        known = {
+            "id",
+            "measure",
+            "unit",
+            "value",
+            "baseline",
+            "baseline_name",
+            "ratio",
+            "goal",
+            "met",
+            "note",
+        }
+        rows.append(
+            Row(
+                r["id"],
+                r["measure"],
+                r["unit"],
+                value=figure(r["value"]),
+                baseline=figure(r["baseline"]),
+                baseline_name=r["baseline_name"],
+                ratio=figure(r["ratio"]),
+                goal=Goal(**r["goal"]) if r["goal"] else None,
+                note=r["note"],
+                extra={k: v for k, v in r.items() if k not in known},
+            )
+        )
+    return doc, rows
 
 
 def write_plot(path: str, rows: Sequence[Row]) -> bool:

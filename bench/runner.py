@@ -24,7 +24,7 @@ from .fsck import measure_fsck
 from .listing import measure_listing
 from .mcp_calls import measure_mcp
 from .reads import measure_reads
-from .report import environment, format_table, write_json, write_plot
+from .report import environment, format_table, load_json, write_json, write_plot
 from .stats import Row
 
 __all__ = ["main", "run", "SECTIONS"]
@@ -85,7 +85,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-plot", action="store_true")
     parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     parser.add_argument("--strict", action="store_true", help="re-raise the first failure")
+    parser.add_argument("--show", metavar="JSON", help="re-print the table of a results file and exit")
     args = parser.parse_args(argv)
+    if args.show:
+        doc, shown = load_json(args.show)
+        print(format_table(shown, markdown=args.markdown))
+        print(f"\n{doc['command']} ({doc['profile']} profile, {doc['environment'].get('time')})")
+        return 0
 
     profile = PROFILES["quick" if args.quick else "tiny" if args.tiny else "full"]
     if args.runs:
