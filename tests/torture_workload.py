@@ -61,6 +61,7 @@ class Figures:
     kills: int = 0
     flips: int = 0
     flips_detected: int = 0
+    flips_torn_tail: int = 0  # no index, damage in the last write: read as a torn tail (see bit-flip test)
     index_flips_repaired: int = 0
     batches_verified: int = 0
     lost: int = 0
@@ -73,8 +74,10 @@ class Figures:
             f"power-loss states checked     {self.states_checked}",
             f"I/O fault runs                {self.io_fault_runs} ({self.io_faults_injected} faults injected)",
             f"kill -9                       {self.kills}",
-            f"bit flips                     {self.flips} ({self.flips_detected} in the log detected as "
-            f"Corrupted at the frame's offset, {self.index_flips_repaired} in the index repaired)",
+            f"bit flips                     {self.flips}: {self.flips_detected} in the log detected as "
+            f"Corrupted at the frame's offset, {self.index_flips_repaired} in the index repaired,",
+            f"                              {self.flips_torn_tail} in the last write of a log without its "
+            "index taken for a torn tail",
             f"acknowledged batches verified {self.batches_verified}",
             f"acknowledged batches lost     {self.lost}",
         ]
