@@ -41,8 +41,9 @@ from tests.torture_workload import (
 
 LONG = os.environ.get("LOGSTORE_LONG") == "1"
 RANDOM_IMAGES = 6 if LONG else 2  # per crash point, besides "all unsynced lost" and "all kept"
-NESTED_EVERY = 3 if LONG else 17  # every n-th crash point also crashes again during recovery
-SEEDS = (1, 2, 3) if LONG else (1,)
+NESTED_EVERY = 4 if LONG else 15  # every n-th crash point also crashes again during recovery
+# Each seed is another workload (other conversations, sizes, interleavings) and other images.
+SEEDS = [1, 2, 3] + [pytest.param(s, marks=pytest.mark.slow) for s in range(4, 10) if LONG]
 
 CONVS = [
     ("site-a", "conv-alpha-1"),
