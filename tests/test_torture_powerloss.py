@@ -34,6 +34,7 @@ from tests.torture_workload import (
     Batch,
     Oracle,
     TortureFailure,
+    batch_size,
     items_for,
     register_summary,
     verify_store,
@@ -64,17 +65,11 @@ def _quiet_and_figures(request):
 
 
 def append_acked(store: Store, oracle: Oracle, site: str, cid: str, bid: str) -> None:
-    n = len(items_for(bid, _n(bid)))
+    n = batch_size(bid)
     batch = oracle.attempt(bid, site, cid, n)
     r = store.append(site, cid, items_for(bid, n))
     at = store.replay(site, cid, r.first, 1)[0].recorded_at
     oracle.ack(batch, r.first, r.last, at)
-
-
-def _n(bid: str) -> int:
-    from tests.torture_workload import batch_size
-
-    return batch_size(bid)
 
 
 def workload(fs: FaultFS, data_dir: str, oracle: Oracle, seed: int) -> None:
@@ -134,7 +129,7 @@ def recover_and_extend(
         targets = sorted(convs) + [("site-a", f"new-{tag}-a"), ("site-b", f"new-{tag}-b")]
         for i, (site, cid) in enumerate(targets):
             bid = f"{tag}x{i}"
-            n = _n(bid)
+            n = batch_size(bid)
             batch = oracle.attempt(bid, site, cid, n)
             r = store.append(site, cid, items_for(bid, n))
             if r.first != res.ends.get((site, cid), 0):
@@ -147,12 +142,8 @@ def recover_and_extend(
     after = acked + oracle.snapshot()
     all_known = {**known, **oracle.batches}
     with Store(data_dir, file_ops=NO_SYNC_OPS, lock_timeout=30.0) as reopened:
-        verify_store(reopened, after, conversations=convs | set(map(_conv, targets)), known=all_known)
+        verify_store(reopened, after, conversations=convs | set(targets), known=all_known)
     return verified
-
-
-def _conv(t: tuple[str, str]) -> tuple[str, str]:
-    return t
 
 
 def check_image(image: Image, acked: list[Batch], known: dict[str, Batch], convs: set, tag: str) -> int:

@@ -32,13 +32,12 @@ __all__ = [
     "FIGURES",
     "payload",
     "items_for",
-    "encoded",
+    "batch_size",
     "expected_encoded",
     "verify_store",
     "VerifyResult",
     "TortureFailure",
     "writer_main",
-    "cid_ok",
     "shared_conversations",
     "register_summary",
 ]
@@ -90,10 +89,6 @@ FIGURES = Figures()
 
 
 # --------------------------------------------------------------------------- payloads
-def cid_ok(cid: str) -> bool:
-    return 8 <= len(cid) <= 64
-
-
 def _shape(bid: str) -> random.Random:
     return random.Random(int.from_bytes(hashlib.blake2b(bid.encode(), digest_size=8).digest(), "little"))
 
@@ -129,6 +124,12 @@ def payload(bid: str, i: int, n: int, scale: float = 1.0) -> dict:
 
 def items_for(bid: str, n: int, scale: float = 1.0) -> list[dict]:
     return [payload(bid, i, n, scale) for i in range(n)]
+
+
+@functools.lru_cache(maxsize=65536)
+def expected_encoded(bid: str, n: int, scale: float = 1.0) -> tuple[bytes, ...]:
+    """The stored bytes of each item of batch ``bid`` (compact JSON, key order kept)."""
+    return tuple(_encode(item) for item in items_for(bid, n, scale))
 
 
 @functools.lru_cache(maxsize=65536)
