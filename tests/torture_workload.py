@@ -132,16 +132,6 @@ def expected_encoded(bid: str, n: int, scale: float = 1.0) -> tuple[bytes, ...]:
     return tuple(_encode(item) for item in items_for(bid, n, scale))
 
 
-@functools.lru_cache(maxsize=65536)
-def expected_encoded(bid: str, n: int, scale: float = 1.0) -> tuple[bytes, ...]:
-    """The stored bytes of each item of batch ``bid`` (compact JSON, key order kept)."""
-    return tuple(_encode(item) for item in items_for(bid, n, scale))
-
-
-def encoded(item: dict) -> bytes:
-    return _encode(item)
-
-
 # --------------------------------------------------------------------------- the oracle
 @dataclass
 class Batch:
