@@ -403,7 +403,7 @@ class ConversationLog:
 
     @property
     def _tail_signature(self) -> bytes:
-        # Cached per tail offset; read once after each publish.
+        # Cached per tail offset: set by each commit from the bytes written; read from the file otherwise.
         sig = self.__dict__.get("_sig")
         if sig is None or sig[0] != self._tail_offset:
             assert self._log_fd is not None and self._tail_offset is not None
@@ -620,6 +620,9 @@ class ConversationLog:
                 self._created_at = recorded_at
             self._last_at = recorded_at
             self._tail_offset = accepted[-1][1]
+            # The tail check's reference is what we wrote, not a re-read of the file (one pread less per
+            # append, and a change by another process right after this commit is not taken as reference).
+            self.__dict__["_sig"] = (self._tail_offset, frames[-1][:8])
         self._write_index()
         for req, _, first in accepted:
             req.result, req.done = SeqRange(first, first + req.count - 1), True
@@ -634,7 +637,8 @@ class ConversationLog:
             return
         have = len(self._entries)
         try:
-            if self.ops.size(self._idx_fd) < INDEX_HEADER_SIZE:
+            size = self.ops.size(self._idx_fd)  # one fstat: the write below never extends past have
+            if size < INDEX_HEADER_SIZE:
                 self._index_valid = 0
             start = self._index_valid * ENTRY_SIZE
             if start < have:
@@ -643,7 +647,7 @@ class ConversationLog:
                     self.ops.pwrite(self._idx_fd, INDEX_HEADER + chunk, 0)
                 else:
                     self.ops.pwrite(self._idx_fd, chunk, INDEX_HEADER_SIZE + start)
-            if self.ops.size(self._idx_fd) > INDEX_HEADER_SIZE + have:
+            if size > INDEX_HEADER_SIZE + have:
                 self.ops.ftruncate(self._idx_fd, INDEX_HEADER_SIZE + have)
             self._index_valid = have // ENTRY_SIZE
         except OSError as exc:
