@@ -262,12 +262,14 @@ class SiteManifest:
         conv_root = os.path.join(os.path.dirname(self.directory), "conversations")
         if getattr(self, "_rebuild_from_logs", False):
             self._discover(conv_root)
-        from .store import conversation_paths  # local: store imports this module
+        from .store import conversation_paths, log_path_function  # local: store imports this module
 
         data_dir = os.path.dirname(os.path.dirname(os.path.dirname(self.directory)))
+        log_path = log_path_function(data_dir, self.site)
+        stat_size = self.ops.stat_size
         changed = []
         for cid, entry in list(self._entries.items()):
-            size = self.ops.stat_size(conversation_paths(data_dir, self.site, cid).log)
+            size = stat_size(log_path(cid))
             if (size or 0) != entry.log_size:
                 changed.append(cid)
         for cid in changed:

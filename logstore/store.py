@@ -23,7 +23,7 @@ import os
 import secrets
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -36,7 +36,20 @@ from .limits import DEFAULT_LIST_LIMIT, DEFAULT_RECALL_COUNT, MAX_READ_COUNT
 from .manifest import SiteManifest
 from .models import ConversationListing, MemoryItem, SeqRange
 
-__all__ = ["Store", "conversation_paths"]
+__all__ = ["Store", "conversation_paths", "log_path_function"]
+
+
+def log_path_function(data_dir: str, site: str) -> Callable[[str], str]:
+    """``conversation_id -> conversation_paths(data_dir, site, conversation_id).log``, ~5x cheaper: the
+    manifest stats every log of a site on open (3.6 us saved per conversation, 3.6 s at a million)."""
+    root = os.path.join(data_dir, "sites", site, "conversations")
+    blake2b, sep = hashlib.blake2b, os.sep
+
+    def log_path(conversation_id: str) -> str:
+        digest = blake2b(conversation_id.encode(), digest_size=2).hexdigest()
+        return f"{root}{sep}{digest[:2]}{sep}{digest[2:]}{sep}{conversation_id}.log"
+
+    return log_path
 
 
 def conversation_paths(data_dir: str, site: str, conversation_id: str) -> ConversationPaths:
