@@ -40,7 +40,7 @@ LONG = os.environ.get("LOGSTORE_LONG") == "1"
 KILLS = int(os.environ.get("LOGSTORE_KILLS", "3000" if LONG else "200"))
 WRITERS = 3  # processes alive at any moment
 THREADS = 3  # appending threads per process
-CHECK_EVERY = 40  # kills between checks of the store while the others keep writing
+CHECK_EVERY = 250 if LONG else 40  # kills between full checks (each reads everything written so far)
 
 
 @pytest.fixture(autouse=True)
