@@ -34,7 +34,7 @@ import logging
 import os
 import struct
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import filelock
@@ -292,11 +292,24 @@ class SiteManifest:
 
     def _discover(self, conv_root: str) -> None:
         """Last resort (damaged snapshot): find every log file under the site."""
-        for _dirpath, _dirs, files in os.walk(conv_root):
-            for name in files:
-                if name.endswith(".log") and is_valid_id(name[:-4]) and name[:-4] not in self._entries:
-                    self._entries[name[:-4]] = Entry(-1, -1, -1, 0)
+        for cid in self._logs_under(conv_root):
+            if cid not in self._entries:
+                self._entries[cid] = Entry(-1, -1, -1, 0)
         self._rebuild_from_logs = False
+
+    def _logs_under(self, directory: str) -> Iterator[str]:
+        """Conversation ids of the logs below ``directory``. Through ``FileOps.listdir``, not ``os.walk``:
+        os.walk skips a directory it cannot read without a word, which here would drop its conversations
+        from the listing for good; a failing read must raise (Io) and be retried instead."""
+        try:
+            names = self.ops.listdir(directory)
+        except FileNotFoundError:
+            return
+        for name in names:
+            if name.endswith(".log") and is_valid_id(name[:-4]):
+                yield name[:-4]
+            elif "." not in name:  # a fan-out directory (conversation files all have an extension)
+                yield from self._logs_under(os.path.join(directory, name))
 
     def _force(self, cid: str, entry: Entry) -> None:
         current = self._entries.get(cid)

@@ -316,3 +316,29 @@ def test_regression_failed_write_whose_cleanup_failed_is_cut_before_the_next_app
         store.append(SITE_A, cid, [{"n": 1, "try": 2}])
         assert [i.payload for i in store.replay(SITE_A, cid, 0, 10)] == [{"n": 0}, {"n": 1, "try": 2}]
     assert _crash_and_read(fs, "drop", SITE_A, cid) == [{"n": 0}, {"n": 1, "try": 2}]
+
+
+def test_regression_discovery_after_a_damaged_snapshot_goes_through_fileops(tmp_path):
+    """With the manifest snapshot damaged, the site's logs are discovered by walking its directories.
+    That walk used os.walk, outside FileOps, which silently skips a directory it cannot read: under EIO
+    the listing lost those conversations for the life of the process. Now the error surfaces as Io and
+    the walk is retried."""
+    root = str(tmp_path)
+    data = os.path.join(root, "data")
+    cids = ["conv-disc-0001", "conv-disc-0002", "conv-disc-0003"]
+    with Store(data) as store:
+        for cid in cids:
+            store.append(SITE_A, cid, [{"cid": cid}])
+        assert store._manifest(SITE_A).compact()
+    manifest_dir = os.path.join(data, "sites", SITE_A, "manifest")
+    (snapshot,) = [n for n in os.listdir(manifest_dir) if n.startswith("snapshot.")]
+    with open(os.path.join(manifest_dir, snapshot), "r+b") as f:
+        f.seek(12)
+        f.write(b"\xff")  # the snapshot no longer verifies: rebuild from the logs
+    hash_dir = os.path.dirname(conversation_paths(data, SITE_A, cids[1]).directory)
+    fs = FaultFS(root, fault=_fail({"listdir"}, path=hash_dir))
+    with Store(data, file_ops=fs) as store:
+        with pytest.raises(Io):
+            store.list_conversations(SITE_A)
+        listed = {s.conversation_id for s in store.list_conversations(SITE_A).conversations}
+    assert listed == set(cids)
