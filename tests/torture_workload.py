@@ -296,18 +296,21 @@ def verify_store(
         if items:
             result.conversations += 1
             summaries.setdefault(site, {})[cid] = (items[0].recorded_at, items[-1].recorded_at)
+    where = {
+        (site, cid, bid, first): at
+        for (site, cid), found_batches in found.items()
+        for bid, first, at in found_batches
+    }
     for b in acked:
-        where = {(bid, first): at for bid, first, at in found.get((b.site, b.cid), [])}
-        if (b.bid, b.first) not in where:
+        at = where.get((b.site, b.cid, b.bid, b.first))
+        if at is None:
             present = [f for bid, f, _ in found.get((b.site, b.cid), []) if bid == b.bid]
             raise TortureFailure(
                 f"LOST: acknowledged batch {b.bid} ({b.site}/{b.cid} seqs {b.first}..{b.first + b.n - 1}) "
                 f"is not there (found at {present or 'nowhere'})"
             )
-        if b.recorded_at is not None and where[(b.bid, b.first)] != b.recorded_at:
-            raise TortureFailure(
-                f"batch {b.bid}: recorded_at changed from {b.recorded_at} to {where[(b.bid, b.first)]}"
-            )
+        if b.recorded_at is not None and at != b.recorded_at:
+            raise TortureFailure(f"batch {b.bid}: recorded_at changed from {b.recorded_at} to {at}")
         result.batches_verified += 1
     if listing:
         for site in sorted({s for s, _ in conversations}):
