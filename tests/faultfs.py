@@ -49,7 +49,6 @@ __all__ = [
     "scratch_dir",
     "Call",
     "Image",
-    "MUTATING",
     "WRITE_LIKE",
     "materialize",
     "one_shot",
@@ -57,22 +56,6 @@ __all__ = [
 ]
 
 SECTOR = 512
-# Calls that change what is on disk: each is a crash point.
-MUTATING = frozenset(
-    {
-        "create",
-        "truncate_open",
-        "pwrite",
-        "append",
-        "fdatasync",
-        "fsync",
-        "ftruncate",
-        "fsync_dir",
-        "rename",
-        "unlink",
-        "mkdir",
-    }
-)
 # Calls for which ENOSPC is plausible (they may need new blocks or inodes).
 WRITE_LIKE = frozenset({"create", "pwrite", "append", "fdatasync", "fsync", "mkdir", "rename"})
 
