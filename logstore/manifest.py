@@ -484,6 +484,8 @@ class SiteManifest:
             if not self._compact_wanted.wait(timeout=1.0):
                 continue
             self._compact_wanted.clear()
+            if self._closed:
+                return
             try:
                 self.compact()
             except Exception:  # noqa: BLE001 - compaction is an optimisation; the journal stays valid
@@ -547,5 +549,8 @@ class SiteManifest:
     def close(self) -> None:
         self._closed = True
         self._compact_wanted.set()
+        compactor = self._compactor
+        if compactor is not None and compactor is not threading.current_thread():
+            compactor.join()  # a compaction in flight finishes before the store's files are let go
         with self._lock:
             self._close_journal()

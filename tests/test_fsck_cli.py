@@ -279,16 +279,21 @@ def test_fsck_racing_a_writer_in_another_process(tmp_path):
     data_dir = str(tmp_path / "data")
     with Store(data_dir) as store:
         store.append(SITE, "race-0001", [{"seed": True}])
-    writer = subprocess.Popen(
-        [sys.executable, "-c", WRITER, data_dir, "2.5"], stdout=subprocess.PIPE, text=True
-    )
+    # The writer's acks go to a file, not a pipe: a pipe fills up (64 KiB) while nobody reads it, and
+    # the blocked writer would never exit.
+    acks_path = tmp_path / "acks.txt"
+    with open(acks_path, "w") as acks_file:
+        writer = subprocess.Popen(
+            [sys.executable, "-c", WRITER, data_dir, "2.5"], stdout=acks_file, text=True
+        )
     reports = []
     try:
         time.sleep(0.3)
         while writer.poll() is None:
             reports.append(check(data_dir, repair=len(reports) % 2 == 1, lock_timeout=10.0))
     finally:
-        out, _ = writer.communicate(timeout=30)
+        writer.wait(timeout=30)
+    out = acks_path.read_text()
     assert writer.returncode == 0
     assert len(reports) >= 2, len(reports)
     for report in reports:
