@@ -32,11 +32,11 @@ from .check_report import CheckContext, Finding
 from .conversation import ConversationPaths
 from .errors import Timeout
 from .fileio import FileOps
-from .frame import Frame, decode_frame
+from .frame import Frame
 from .index_codec import INDEX_HEADER, INDEX_HEADER_SIZE, encode_entry, header_ok
 from .locking import lock_for
 from .manifest import Entry
-from .scanner import FrameMeta, ScanResult, first_valid_frame_after, scan_log
+from .scanner import FrameMeta, ScanResult, first_valid_frame_after, frame_at, scan_log
 
 __all__ = [
     "LogScan",
@@ -123,22 +123,12 @@ def scan_segments(
         if result.state != "corrupt" or result.stop_offset is None:
             return segments
         if result.reason == "seq-gap":  # the frame at the stop point is valid; it starts the next segment
-            nxt = _frame_at(ops, fd, result.stop_offset, size)
+            nxt = frame_at(ops, fd, result.stop_offset, size)
         else:
             nxt = first_valid_frame_after(ops, fd, result.stop_offset, size)
         if nxt is None:
             return segments
         start, expected_seq, last_at = nxt.offset, nxt.first_seq, result.last_recorded_at
-
-
-def _frame_at(ops: FileOps, fd: int, offset: int, size: int) -> Frame | None:
-    head = ops.pread(fd, 12, offset)
-    probe = decode_frame(head, 0, offset, keep_items=False)
-    needed = getattr(probe, "needed", None)
-    if needed is None or needed > size - offset:
-        return None
-    event = decode_frame(ops.pread(fd, needed, offset), 0, offset, keep_items=False)
-    return event if isinstance(event, Frame) else None
 
 
 def _locked_rescan(ops: FileOps, fd: int, scan: LogScan, on_frame: Callable[[Frame], None] | None) -> LogScan:

@@ -32,7 +32,7 @@ import msgspec
 
 from .errors import ConversationFull, Corrupted, Io, Unavailable
 from .fileio import FileOps
-from .frame import Frame, decode_frame, decode_header, encode_frame
+from .frame import Frame, Invalid, NeedMore, decode_frame, decode_header, encode_frame
 from .index_codec import (
     ENTRY_SIZE,
     INDEX_HEADER,
@@ -45,7 +45,7 @@ from .index_codec import (
 from .limits import MAX_CONVERSATION_ITEMS
 from .locking import lock_for
 from .models import MemoryItem, SeqRange, micros_to_datetime
-from .scanner import ScanResult, scan_log
+from .scanner import ScanResult, read_frame_at, scan_log
 
 __all__ = ["ConversationLog", "AppendRequest", "CommitInfo", "ConversationPaths"]
 
@@ -161,6 +161,7 @@ class ConversationLog:
         self._created_at: int | None = None
         self._last_at: int | None = None
         self._tail_offset: int | None = None  # offset of the last good frame
+        self._tail_sig: tuple[int, bytes] | None = None  # (tail offset, its magic + CRC bytes)
         self._corrupt: tuple[int, str] | None = None  # (offset, reason)
         self._torn_at: int | None = None
         self._index_corrupt_hint: tuple[int, str] | None = None
@@ -306,14 +307,9 @@ class ConversationLog:
         header = decode_header(self.ops.pread(self._log_fd, 64, 0))
         self._created_at = header[3] if header else self._last_at
 
-    def _read_frame(self, offset: int, size: int) -> Frame | object:
+    def _read_frame(self, offset: int, size: int) -> Frame | NeedMore | Invalid:
         assert self._log_fd is not None
-        head = self.ops.pread(self._log_fd, 12, offset)
-        probe = decode_frame(head, 0, offset)
-        if isinstance(probe, Frame) or not hasattr(probe, "needed"):
-            return probe
-        needed = probe.needed  # type: ignore[attr-defined]
-        return decode_frame(self.ops.pread(self._log_fd, min(needed, size - offset), offset), 0, offset)
+        return read_frame_at(self.ops, self._log_fd, offset, size)
 
     # ------------------------------------------------------------------ freshness
     def _ensure_fresh(self) -> None:
@@ -404,12 +400,10 @@ class ConversationLog:
     @property
     def _tail_signature(self) -> bytes:
         # Cached per tail offset: set by each commit from the bytes written; read from the file otherwise.
-        sig = self.__dict__.get("_sig")
-        if sig is None or sig[0] != self._tail_offset:
+        if self._tail_sig is None or self._tail_sig[0] != self._tail_offset:
             assert self._log_fd is not None and self._tail_offset is not None
-            sig = (self._tail_offset, self.ops.pread(self._log_fd, 8, self._tail_offset))
-            self.__dict__["_sig"] = sig
-        return sig[1]
+            self._tail_sig = (self._tail_offset, self.ops.pread(self._log_fd, 8, self._tail_offset))
+        return self._tail_sig[1]
 
     def _truncate_torn_tail(self) -> None:
         assert self._log_fd is not None and self._torn_at is not None
@@ -622,7 +616,7 @@ class ConversationLog:
             self._tail_offset = accepted[-1][1]
             # The tail check's reference is what we wrote, not a re-read of the file (one pread less per
             # append, and a change by another process right after this commit is not taken as reference).
-            self.__dict__["_sig"] = (self._tail_offset, frames[-1][:8])
+            self._tail_sig = (self._tail_offset, frames[-1][:8])
         self._write_index()
         for req, _, first in accepted:
             req.result, req.done = SeqRange(first, first + req.count - 1), True

@@ -23,11 +23,11 @@ import msgspec
 from .conversation import ConversationPaths
 from .errors import Corrupted
 from .fileio import FileOps
-from .frame import MAX_FRAME_SIZE, PREFIX_SIZE, Frame, NeedMore, decode_frame, decode_header
+from .frame import MAX_FRAME_SIZE, Frame, NeedMore, decode_frame, decode_header
 from .index_codec import ENTRY_SIZE, INDEX_HEADER_SIZE, decode_entry, header_ok
 from .locking import lock_for
 from .models import micros_to_datetime, rfc3339
-from .scanner import first_valid_frame_after, scan_log
+from .scanner import first_valid_frame_after, frame_at, scan_log
 
 __all__ = ["DumpRecord", "dump_frames", "export_items"]
 
@@ -74,16 +74,8 @@ def _seek_seq(ops: FileOps, fd: int, entries: bytes, seq: int, size: int) -> int
     entry = decode_entry(entries, lo - 1) if lo else None
     if entry is None or entry[0] >= size:
         return 0
-    frame = _frame_at(ops, fd, entry[0], size)
+    frame = frame_at(ops, fd, entry[0], size)
     return entry[0] if frame is not None and frame.first_seq == entry[1] else 0
-
-
-def _frame_at(ops: FileOps, fd: int, offset: int, size: int, keep_items: bool = False) -> Frame | None:
-    probe = decode_frame(ops.pread(fd, PREFIX_SIZE, offset), 0, offset)
-    if not isinstance(probe, NeedMore) or probe.needed > size - offset:
-        return None
-    event = decode_frame(ops.pread(fd, probe.needed, offset), 0, offset, keep_items)
-    return event if isinstance(event, Frame) else None
 
 
 def dump_frames(
@@ -95,7 +87,7 @@ def dump_frames(
         size = ops.size(fd)
         pos = _seek_seq(ops, fd, _index_entries(ops, paths), from_seq, size) if from_seq else 0
         while pos < size:
-            frame = _frame_at(ops, fd, pos, size, keep_items=items)
+            frame = frame_at(ops, fd, pos, size, keep_items=items)
             if frame is not None:
                 if frame.first_seq + frame.count > from_seq:
                     yield DumpRecord(
@@ -137,7 +129,7 @@ def _acknowledged_end(ops: FileOps, paths: ConversationPaths, fd: int) -> tuple[
         entry = decode_entry(entries, i)
         if entry is None:
             continue
-        frame = _frame_at(ops, fd, entry[0], size) if entry[0] < size else None
+        frame = frame_at(ops, fd, entry[0], size) if entry[0] < size else None
         if frame is not None and frame.first_seq == entry[1]:
             start, seq = frame.offset, frame.first_seq
             break

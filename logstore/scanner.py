@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from .fileio import FileOps
 from .frame import MAGIC, PREFIX_SIZE, Frame, FrameDecoder, Invalid, NeedMore, decode_frame
 
-__all__ = ["FrameMeta", "ScanResult", "scan_log", "first_valid_frame_after"]
+__all__ = ["FrameMeta", "ScanResult", "scan_log", "first_valid_frame_after", "read_frame_at", "frame_at"]
 
 _CHUNK = 4 * 1024 * 1024
 
@@ -149,7 +149,7 @@ def first_valid_frame_after(
         hit = window.find(MAGIC)
         while hit != -1:
             candidate = window_base + hit
-            frame = _frame_at(ops, fd, candidate, size)
+            frame = frame_at(ops, fd, candidate, size)
             if frame is not None and not (later_write_only and frame.write_start <= offset):
                 return frame
             hit = window.find(MAGIC, hit + 1)
@@ -158,10 +158,18 @@ def first_valid_frame_after(
     return None
 
 
-def _frame_at(ops: FileOps, fd: int, offset: int, size: int) -> Frame | None:
-    prefix = ops.pread(fd, PREFIX_SIZE, offset)
-    probe = decode_frame(prefix, 0, offset, keep_items=False)
+def read_frame_at(
+    ops: FileOps, fd: int, offset: int, size: int, *, keep_items: bool = False
+) -> Frame | NeedMore | Invalid:
+    """Decode the frame at ``offset`` of a file of ``size`` bytes: two preads (prefix, then the frame).
+    NeedMore means the frame would extend past the end of the file."""
+    probe = decode_frame(ops.pread(fd, PREFIX_SIZE, offset), 0, offset, keep_items=False)
     if not isinstance(probe, NeedMore) or probe.needed > size - offset:
-        return None
-    event = decode_frame(ops.pread(fd, probe.needed, offset), 0, offset, keep_items=False)
+        return probe
+    return decode_frame(ops.pread(fd, probe.needed, offset), 0, offset, keep_items=keep_items)
+
+
+def frame_at(ops: FileOps, fd: int, offset: int, size: int, *, keep_items: bool = False) -> Frame | None:
+    """The valid frame at ``offset``, or None."""
+    event = read_frame_at(ops, fd, offset, size, keep_items=keep_items)
     return event if isinstance(event, Frame) else None
