@@ -119,9 +119,42 @@ def _sites(ctx: CheckContext, only: str | None, *, strays: bool) -> list[str]:
 
 
 def _check_top_level(ctx: CheckContext) -> None:
+    loose = _LooseModes(ctx, None)
+    loose.see(ctx.data_dir)
     for entry in _scandir(ctx, ctx.data_dir):
         if entry.name not in _TOP_LEVEL:
             _stray(ctx, entry.path, entry.name, None)
+        else:
+            loose.see(entry.path)
+    loose.report()
+
+
+class _LooseModes:
+    """Counts files and directories group/others may access; one warning per site (an old data dir
+    would otherwise give one per file). Modes are not changed: that is the operator's call."""
+
+    def __init__(self, ctx: CheckContext, site: str | None) -> None:
+        self.ctx, self.site = ctx, site
+        self.paths: list[str] = []
+
+    def see(self, path: str, mode: int | None = None) -> None:
+        if mode is None:
+            try:
+                mode = os.stat(path, follow_symlinks=False).st_mode
+            except OSError:
+                return
+        if mode & 0o077:
+            self.paths.append(path)
+
+    def report(self) -> None:
+        if self.paths:
+            self.ctx.found(
+                "loose-permissions",
+                self.paths[0],
+                f"{len(self.paths)} file(s) or directories can be accessed by other users (logstore creates "
+                "files 0600 and directories 0700); fix with: chmod -R go-rwx DATA_DIR",
+                site=self.site,
+            )
 
 
 def _stray(ctx: CheckContext, path: str, name: str, site: str | None) -> None:
@@ -192,24 +225,32 @@ def _orphan_index(ctx: CheckContext, site: str, cid: str, path: str) -> Finding:
 def _leaves(ctx: CheckContext, site: str) -> Iterator[tuple[str, tuple[str, str], list[tuple[str, int]]]]:
     """(leaf dir, (h1, h2), [(file name, size)]) for every fan-out leaf; anything else is reported."""
     root = os.path.join(ctx.data_dir, "sites", site, "conversations")
+    loose = _LooseModes(ctx, site)
+    for path in (os.path.dirname(root), root, os.path.join(os.path.dirname(root), "manifest")):
+        loose.see(path)
     for d1 in _scandir(ctx, root):
         if not (d1.is_dir(follow_symlinks=False) and d1.name in _HEX2):
             _stray(ctx, d1.path, d1.name, site)
             continue
+        loose.see(d1.path)
         for d2 in _scandir(ctx, d1.path):
             if not (d2.is_dir(follow_symlinks=False) and d2.name in _HEX2):
                 _stray(ctx, d2.path, d2.name, site)
                 continue
+            loose.see(d2.path)
             files = []
             for f in _scandir(ctx, d2.path):
                 try:
                     if f.is_file(follow_symlinks=False):
-                        files.append((f.name, f.stat(follow_symlinks=False).st_size))
+                        st = f.stat(follow_symlinks=False)
+                        loose.see(f.path, st.st_mode)
+                        files.append((f.name, st.st_size))
                         continue
                 except FileNotFoundError:  # removed meanwhile (a temp file renamed into place)
                     continue
                 _stray(ctx, f.path, f.name, site)
             yield d2.path, (d1.name, d2.name), files
+    loose.report()
 
 
 # ---------------------------------------------------------------------- per site

@@ -30,11 +30,11 @@ from typing import Any
 from .check_index import index_evidence, index_problem
 from .check_report import CheckContext, Finding
 from .conversation import ConversationPaths
-from .errors import Timeout
-from .fileio import FileOps
+from .errors import Io, Timeout
+from .fileio import FILE_MODE, FileOps
 from .frame import Frame
 from .index_codec import INDEX_HEADER, INDEX_HEADER_SIZE, encode_entry, header_ok
-from .locking import lock_for
+from .locking import PathLock
 from .manifest import Entry
 from .scanner import FrameMeta, ScanResult, first_valid_frame_after, frame_at, scan_log
 
@@ -173,7 +173,7 @@ def save_broken(ops: FileOps, path: str, fd: int, start: int, size: int) -> str:
     while ops.exists(target):
         n += 1
         target = f"{path}.broken-{stamp}-{n}"
-    out = ops.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    out = ops.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
     try:
         pos = start
         while pos < size:
@@ -223,20 +223,20 @@ def check_conversation(
             scan = LogScan(size, scan_segments(ops, fd, size=size, on_frame=on_frame))
         except OSError as exc:
             return problem("io-error", paths.log, f"cannot read the log: {exc.strerror or exc}")
-        lock = lock_for(paths.lock)
+        lock = PathLock(paths.lock)
         try:
             lock.acquire(ctx.lock_timeout)
         except Timeout:
+            lock.close()
             return problem(
                 "lock-timeout",
                 paths.lock,
                 f"conversation lock not acquired within {ctx.lock_timeout:g}s: not checked "
                 "(a writer holds it; retry, or raise --lock-timeout)",
             )
-        except OSError as exc:
-            return problem(
-                "io-error", paths.lock, f"cannot take the conversation lock: {exc.strerror or exc}"
-            )
+        except Io as exc:
+            lock.close()
+            return problem("io-error", paths.lock, f"cannot take the conversation lock: {exc.message}")
         try:
             outcome = _check_locked(ctx, site, conversation, paths, fd, scan, on_frame)
             if on_locked is not None:
@@ -245,7 +245,7 @@ def check_conversation(
         except OSError as exc:
             return problem("io-error", paths.log, f"I/O error during the check: {exc.strerror or exc}")
         finally:
-            lock.release()
+            lock.close()
     finally:
         ops.close(fd)
         ctx.advance(max(0, size - counted))  # bytes of damaged regions were looked at too
@@ -418,10 +418,11 @@ def current_entry(ctx: CheckContext, paths: ConversationPaths, known: Entry | No
     so only what was appended after ``known`` is read. If the lock is busy, ``known`` stands: the writer
     holding it records its own commit in the manifest."""
     ops = ctx.ops
-    lock = lock_for(paths.lock)
+    lock = PathLock(paths.lock)
     try:
         lock.acquire(ctx.lock_timeout)
     except Timeout:
+        lock.close()
         return known
     try:
         try:
@@ -457,4 +458,4 @@ def current_entry(ctx: CheckContext, paths: ConversationPaths, known: Entry | No
         finally:
             ops.close(fd)
     finally:
-        lock.release()
+        lock.close()

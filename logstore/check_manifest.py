@@ -28,6 +28,7 @@ from crc32c import crc32c
 
 from .check_report import CheckContext, Finding, stray_kind
 from .errors import Timeout
+from .fileio import FILE_MODE
 from .manifest import _SNAPSHOT_MAGIC, Entry, decode_records, encode_record
 
 __all__ = ["ManifestView", "describe_mismatch", "manifest_dir", "stray_findings"]
@@ -204,6 +205,7 @@ class ManifestView:
         ops.makedirs_durable(self.directory)
         lock = filelock.FileLock(
             os.path.join(self.directory, "compact.lock"),
+            mode=FILE_MODE,
             timeout=self.ctx.lock_timeout,
             thread_local=False,
             preserve_lock_file=True,

@@ -67,6 +67,7 @@ KINDS: dict[str, str] = {
     "orphan-file": WARNING,  # an index without its log, a superseded manifest generation
     "unknown-file": WARNING,  # a file logstore never writes there
     "stale-temp-file": WARNING,  # a leftover temp file of an interrupted atomic replace
+    "loose-permissions": WARNING,  # readable or writable by group/others (logstore creates 0600/0700)
     # operational
     "lock-timeout": OPERATIONAL,
     "io-error": OPERATIONAL,

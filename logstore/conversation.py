@@ -43,7 +43,7 @@ from .index_codec import (
     header_ok,
 )
 from .limits import MAX_CONVERSATION_ITEMS
-from .locking import lock_for
+from .locking import PathLock
 from .models import MemoryItem, SeqRange, micros_to_datetime
 from .scanner import ScanResult, read_frame_at, scan_log
 
@@ -75,7 +75,7 @@ class CommitInfo:
 class AppendRequest:
     """One caller's batch: items already encoded (``frame.encode_items``) before any lock is taken."""
 
-    __slots__ = ("encoded", "count", "result", "error", "done", "wake")
+    __slots__ = ("encoded", "count", "result", "error", "done", "wake", "promoted")
 
     def __init__(self, encoded: bytes, count: int) -> None:
         self.encoded = encoded
@@ -84,6 +84,7 @@ class AppendRequest:
         self.error: BaseException | None = None
         self.done = False
         self.wake: threading.Lock | None = None  # a follower's parking lock (see ConversationLog.append)
+        self.promoted = False  # chosen to lead the next group (set under the queue lock)
 
 
 class _ReaderGuard:
@@ -137,7 +138,10 @@ class ConversationLog:
         self.lock_timeout = lock_timeout
         self._on_create = on_create
         self._on_commit = on_commit
-        self._lock = lock_for(paths.lock) if ops.exists(paths.directory) else None
+        # Owned by this object alone and closed only by ``close`` (under ``_io_lock``, after which no
+        # commit can start): see logstore/locking.py for why there is no shared registry.
+        self._file_lock = PathLock(paths.lock)
+        self._directory_ready = ops.exists(paths.directory)
         self._state_lock = threading.Lock()  # guards the published state below; held only briefly
         self._io_lock = threading.Lock()  # one thread at a time touches descriptors/refreshes
         self._queue_cond = threading.Condition(threading.Lock())
@@ -185,6 +189,7 @@ class ConversationLog:
         with self._io_lock:
             self._closed = True
             self._close_fds()
+            self._file_lock.close()
 
     def _close_fds(self) -> None:
         with self._fd_readers.exclusive():
@@ -324,12 +329,10 @@ class ConversationLog:
                 pass
         elif self._loaded and self._log_fd is None and not self.ops.exists(self.paths.log):
             return
-        if not self._io_lock.acquire(blocking=not self._loaded):
+        if self._loaded and self._io_lock.locked():
             return  # a local leader is mid-commit; the published state is a consistent snapshot
-        try:
+        with self._io_lock:  # ``with``, not acquire(): an interrupt cannot land between take and try
             self._refresh_io(locked=False)
-        finally:
-            self._io_lock.release()
 
     def _refresh_io(self, *, locked: bool) -> None:
         """Bring state up to the file. Caller holds ``_io_lock`` (and the file lock if ``locked``).
@@ -492,12 +495,16 @@ class ConversationLog:
                 self._leader_active = True
         if follow:
             assert request.wake is not None
-            request.wake.acquire()  # released once: done, or promoted to leader
+            try:
+                request.wake.acquire()  # released once: done, or promoted to leader
+            except BaseException:  # an interrupt while parked: leave the queue without stranding it
+                self._abandon(request)
+                raise
             if request.done:
                 return self._outcome(request)
         with self._queue_cond:
             group, self._pending = self._pending, []
-        nxt: AppendRequest | None = None
+        interrupt: BaseException | None = None
         try:
             with self._io_lock:
                 self._commit_group(group)
@@ -505,18 +512,41 @@ class ConversationLog:
             for req in group:
                 if not req.done:
                     req.error, req.done = exc, True
+            if not isinstance(exc, Exception):
+                interrupt = exc  # KeyboardInterrupt/SystemExit propagate even if this batch is durable
         finally:
-            with self._queue_cond:
-                if self._pending:
-                    nxt = self._pending[0]  # stays queued: it takes everything pending when it wakes
-                else:
-                    self._leader_active = False
-            for req in group:
-                if req is not request and req.wake is not None:
-                    req.wake.release()
-            if nxt is not None and nxt.wake is not None:
-                nxt.wake.release()
+            self._hand_off(group, request)
+        if interrupt is not None:
+            raise interrupt
         return self._outcome(request)
+
+    def _hand_off(self, group: list[AppendRequest], leader: AppendRequest | None) -> None:
+        """Wake the group's followers (their outcome is set) and promote the next queued request, or
+        step down. The decision is made under the queue lock before any wake-up."""
+        with self._queue_cond:
+            nxt = self._pending[0] if self._pending else None  # stays queued: it takes the whole queue
+            if nxt is None:
+                self._leader_active = False
+            else:
+                nxt.promoted = True
+        for req in group:
+            if req is not leader and req.wake is not None:
+                req.wake.release()
+        if nxt is not None and nxt.wake is not None:
+            nxt.wake.release()
+
+    def _abandon(self, request: AppendRequest) -> None:
+        """A parked follower was interrupted. Still queued: withdraw the batch (it was never written). If
+        it had been promoted meanwhile, it owes the queue a leader: pass leadership on (or step down).
+        Already taken into a group: that leader finishes it and wakes nobody who waits."""
+        with self._queue_cond:
+            if request not in self._pending:
+                return
+            promoted = request.promoted
+            self._pending.remove(request)
+            request.error, request.done = Unavailable("append interrupted before it was written"), True
+        if promoted:
+            self._hand_off([], None)
 
     @staticmethod
     def _outcome(request: AppendRequest) -> SeqRange:
@@ -526,14 +556,16 @@ class ConversationLog:
         return request.result
 
     def _commit_group(self, group: list[AppendRequest]) -> None:
-        if self._lock is None:
+        if self._closed:  # checked under _io_lock: close() cannot have let go of the lock fd yet
+            raise Unavailable("store is closed")
+        if not self._directory_ready:
             try:
                 self.ops.makedirs_durable(self.paths.directory)
             except OSError as exc:
                 raise self._io_error("mkdir", exc) from exc
-            self._lock = lock_for(self.paths.lock)
-        self._lock.acquire(self.lock_timeout)
+            self._directory_ready = True
         try:
+            self._file_lock.acquire(self.lock_timeout)
             self._refresh_io(locked=True)
             if self._log_fd is None:
                 self._create_log()
@@ -549,7 +581,7 @@ class ConversationLog:
                 self._drop_unsafe_tail()
             self._write_group(group)
         finally:
-            self._lock.release()
+            self._file_lock.release()
 
     def _create_log(self) -> None:
         if self._on_create is not None:

@@ -7,6 +7,8 @@ Rules:
 - Log files are written with ``pwrite`` at offsets the engine tracks; they are never opened O_APPEND.
   The manifest journal is the one file opened O_APPEND (many processes append small records to it) and it
   is only ever written with ``append`` (plain ``write``). One model per file, never mixed.
+- Everything is created private (files 0600, directories 0700, whatever the umask): payloads are people's
+  conversations, and any local user could read 0644 files. fsck warns about looser modes.
 - ``OSError`` propagates; mapping to ``logstore.errors.Io`` happens in the engine, where the handle that
   saw the failure can be poisoned.
 """
@@ -16,14 +18,17 @@ from __future__ import annotations
 import errno as errno_mod
 import os
 
-__all__ = ["FileOps", "OS_FILE_OPS"]
+__all__ = ["FileOps", "OS_FILE_OPS", "FILE_MODE", "DIR_MODE"]
+
+FILE_MODE = 0o600
+DIR_MODE = 0o700
 
 
 class FileOps:
     """Thin, overridable wrappers over ``os``. Methods take and return plain fds and bytes."""
 
     # --- descriptors -------------------------------------------------------------------------------
-    def open(self, path: str, flags: int, mode: int = 0o644) -> int:
+    def open(self, path: str, flags: int, mode: int = FILE_MODE) -> int:
         return os.open(path, flags | os.O_CLOEXEC, mode)
 
     def close(self, fd: int) -> None:
@@ -86,7 +91,7 @@ class FileOps:
         os.unlink(path)
 
     def mkdir(self, path: str) -> None:
-        os.mkdir(path, 0o755)
+        os.mkdir(path, DIR_MODE)
 
     def exists(self, path: str) -> bool:
         return os.path.exists(path)
@@ -141,7 +146,7 @@ class FileOps:
         """Replace ``path`` with ``data``: temp file + fsync + rename + directory fsync."""
         directory = os.path.dirname(os.path.abspath(path))
         tmp = f"{path}.tmp-{os.getpid()}"
-        fd = self.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        fd = self.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
         try:
             self.pwrite(fd, data, 0)
             self.fsync(fd)

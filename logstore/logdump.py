@@ -25,7 +25,7 @@ from .errors import Corrupted
 from .fileio import FileOps
 from .frame import MAX_FRAME_SIZE, Frame, NeedMore, decode_frame, decode_header
 from .index_codec import ENTRY_SIZE, INDEX_HEADER_SIZE, decode_entry, header_ok
-from .locking import lock_for
+from .locking import held
 from .models import micros_to_datetime, rfc3339
 from .scanner import first_valid_frame_after, frame_at, scan_log
 
@@ -162,12 +162,8 @@ def export_items(
         return 0
     written = 0
     try:
-        lock = lock_for(paths.lock)
-        lock.acquire(lock_timeout)
-        try:
+        with held(paths.lock, lock_timeout):
             end, corrupt = _acknowledged_end(ops, paths, fd)
-        finally:
-            lock.release()
 
         def emit(frame: Frame) -> None:
             nonlocal written

@@ -44,7 +44,7 @@ from sortedcontainers import SortedList
 
 from .conversation import CommitInfo
 from .errors import InvalidCursor, Io
-from .fileio import FileOps
+from .fileio import FILE_MODE, FileOps
 from .ids import is_valid_id
 from .models import ConversationListing, ConversationSummary, micros_to_datetime
 
@@ -495,6 +495,7 @@ class SiteManifest:
         """Fold the active journal into a new snapshot. Returns False if another process is compacting."""
         lock = filelock.FileLock(
             os.path.join(self.directory, "compact.lock"),
+            mode=FILE_MODE,
             timeout=0,
             thread_local=False,
             fallback_to_soft=False,

@@ -25,7 +25,7 @@ from typing import Any
 
 from filelock import FileLock
 
-from logstore.fileio import OS_FILE_OPS
+from logstore.fileio import FILE_MODE, OS_FILE_OPS
 from logstore.ids import validate_site
 from logstore.models import rfc3339
 
@@ -124,7 +124,7 @@ class CredentialsFile:
     @contextmanager
     def _editing(self) -> Iterator[dict[str, dict[str, Any]]]:
         OS_FILE_OPS.makedirs_durable(self.data_dir)
-        with FileLock(os.path.join(self.data_dir, _LOCK_FILE)):
+        with FileLock(os.path.join(self.data_dir, _LOCK_FILE), mode=FILE_MODE):
             sites = self.load()
             yield sites
             doc = {"format": _FORMAT, "version": _VERSION, "sites": dict(sorted(sites.items()))}

@@ -12,6 +12,10 @@ and that appends work.
 
 Writers are forked from a preloaded fork server so that a kill/restart costs milliseconds, not an
 interpreter start. Default: 200 kills; LOGSTORE_LONG=1: 3000 (LOGSTORE_KILLS overrides both).
+
+The eviction variant (issue 10: acknowledged appends were lost across processes) runs the same workload
+with a handle cache of 2 over 16 shared conversations and more threads, so every few operations a
+conversation handle - and its lock - is closed while other threads and processes append to it.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from tests.torture_workload import (
 
 LONG = os.environ.get("LOGSTORE_LONG") == "1"
 KILLS = int(os.environ.get("LOGSTORE_KILLS", "3000" if LONG else "200"))
+EVICTION_KILLS = int(os.environ.get("LOGSTORE_EVICTION_KILLS", "1500" if LONG else "100"))
 WRITERS = 3  # processes alive at any moment
 THREADS = 3  # appending threads per process
 CHECK_EVERY = 100 if LONG else 25  # kills between full checks (each reads everything written so far)
@@ -61,13 +66,16 @@ def _conversations_on_disk(data: str) -> set[tuple[str, str]]:
 
 
 class Writers:
-    def __init__(self, data: str, acks: str, seed: int) -> None:
+    def __init__(
+        self, data: str, acks: str, seed: int, *, threads: int = THREADS, max_open: int = 256, shared: int = 4
+    ) -> None:
         self.ctx = multiprocessing.get_context("forkserver")
         # Each child re-runs the parent's __main__ as __mp_main__ (under pytest: ``pytest.__main__``):
         # with pytest already imported in the server that is nearly free, otherwise every restart
         # would import pytest again (~0.2 s of CPU per kill).
         self.ctx.set_forkserver_preload(["logstore", "tests.torture_workload", "pytest"])
         self.data, self.acks = data, acks
+        self.threads, self.max_open, self.shared = threads, max_open, shared
         self.rng = random.Random(seed)
         self.gen = 0
         self.alive: dict[int, tuple[multiprocessing.Process, int, float]] = {}  # slot -> proc, gen, kill at
@@ -76,7 +84,15 @@ class Writers:
         self.gen += 1
         proc = self.ctx.Process(
             target=writer_main,
-            args=(self.data, self.ack_path(self.gen), self.gen, self.rng.randrange(2**32), THREADS),
+            args=(
+                self.data,
+                self.ack_path(self.gen),
+                self.gen,
+                self.rng.randrange(2**32),
+                self.threads,
+                self.max_open,
+                self.shared,
+            ),
             daemon=True,
         )
         proc.start()
@@ -139,15 +155,15 @@ def ingest(oracle: Oracle, path: str) -> int:
     return len(lines)
 
 
-def check(data: str, oracle: Oracle, gen: int, *, final: bool) -> int:
+def check(data: str, oracle: Oracle, gen: int, *, final: bool, shared: int = 4) -> int:
     acked = oracle.snapshot()
-    convs = {(b.site, b.cid) for b in acked} | set(shared_conversations(gen))
+    convs = {(b.site, b.cid) for b in acked} | set(shared_conversations(gen, shared))
     if final:
         convs |= _conversations_on_disk(data)
     with Store(data, lock_timeout=30.0) as store:
         res = verify_store(store, acked, conversations=convs, listing=final, scale_of=_scale)
         if final:  # appends work again, at the next seq
-            for site, cid in shared_conversations(gen):
+            for site, cid in shared_conversations(gen, shared):
                 r = store.append(site, cid, [{"after": "kill -9"}])
                 if r.first != res.ends[(site, cid)]:
                     raise TortureFailure(f"{site}/{cid}: append after the kills landed at {r.first}")
@@ -155,17 +171,45 @@ def check(data: str, oracle: Oracle, gen: int, *, final: bool) -> int:
 
 
 def test_kill9_writers_under_load(tmp_path):
+    run_kill9(tmp_path, section="kill -9", kills=KILLS, seed=int(os.environ.get("LOGSTORE_SEED", "9")))
+
+
+def test_kill9_writers_with_handle_eviction_on_every_few_operations(tmp_path):
+    """Issue 10: with a tiny handle cache, a lock object was handed out while being finalized; flock then
+    ran on a closed or reused fd and two processes wrote one conversation (3 acknowledged items lost in
+    30 s). 3 processes x 6 threads, 2 open handles each over 16 conversations, kill -9 throughout."""
+    run_kill9(
+        tmp_path,
+        section="kill -9 + eviction",
+        kills=EVICTION_KILLS,
+        seed=int(os.environ.get("LOGSTORE_SEED", "11")),
+        threads=6,
+        max_open=2,
+        shared=16,
+    )
+
+
+def run_kill9(
+    tmp_path,
+    *,
+    section: str,
+    kills: int,
+    seed: int,
+    threads: int = THREADS,
+    max_open: int = 256,
+    shared: int = 4,
+) -> None:
     started = time.monotonic()
     data, acks = str(tmp_path / "data"), str(tmp_path / "acks")
     os.makedirs(acks)
     oracle = Oracle()
-    writers = Writers(data, acks, seed=int(os.environ.get("LOGSTORE_SEED", "9")))
-    kills = 0
+    writers = Writers(data, acks, seed=seed, threads=threads, max_open=max_open, shared=shared)
+    total, kills = kills, 0
     checks = 0
     try:
         for slot in range(WRITERS):
             writers.start(slot)
-        while kills < KILLS:
+        while kills < total:
             gen = writers.kill_next()
             kills += 1
             ingest(oracle, writers.ack_path(gen))
@@ -174,19 +218,19 @@ def test_kill9_writers_under_load(tmp_path):
                 # so that they do not pile up work while the parent reads everything.
                 writers.signal_all(signal.SIGSTOP)
                 try:
-                    check(data, oracle, writers.gen, final=False)
+                    check(data, oracle, writers.gen, final=False, shared=shared)
                 finally:
                     writers.signal_all(signal.SIGCONT)
                 checks += 1
     finally:
         for gen in writers.stop_all():
             ingest(oracle, writers.ack_path(gen))
-    verified = check(data, oracle, writers.gen, final=True)
+    verified = check(data, oracle, writers.gen, final=True, shared=shared)
     assert verified == len(oracle.acked)
-    assert len(oracle.acked) > KILLS, "writers should acknowledge far more batches than they are killed"
+    assert len(oracle.acked) > total, "writers should acknowledge far more batches than they are killed"
     FIGURES.kills += kills
     FIGURES.batches_verified += verified
-    FIGURES.sections["kill -9"] = time.monotonic() - started
+    FIGURES.sections[section] = time.monotonic() - started
 
 
 # --------------------------------------------------------------------------- regressions found by this suite

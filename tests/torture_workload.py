@@ -351,30 +351,41 @@ def _verify_listing(
 EPOCH_GENERATIONS = 150  # writer generations per set of shared conversations (each stays << 100k items)
 
 
-def shared_conversations(gen: int) -> list[tuple[str, str]]:
+def shared_conversations(gen: int, count: int = 4) -> list[tuple[str, str]]:
     """The conversations every writer of generation ``gen`` shares (two sites; one id in both)."""
     epoch = gen // EPOCH_GENERATIONS
-    return [
+    base = [
         ("site-a", f"shared-conv-0-e{epoch}"),
         ("site-a", f"shared-conv-1-e{epoch}"),
         ("site-b", f"shared-conv-0-e{epoch}"),
         ("site-b", f"shared-conv-2-e{epoch}"),
     ]
+    more = [(("site-a", "site-b")[k % 2], f"shared-conv-{k}-e{epoch}") for k in range(3, count)]
+    return (base + more)[:count]
 
 
-def writer_main(data_dir: str, ack_path: str, gen: int, seed: int, threads: int) -> None:
+def writer_main(
+    data_dir: str,
+    ack_path: str,
+    gen: int,
+    seed: int,
+    threads: int,
+    max_open: int = 256,
+    shared_count: int = 4,
+) -> None:
     """A writer process: ``threads`` threads append to the shared conversations (and a few of their own)
     until killed. Each acknowledgment is reported as one line, written with a single ``write`` to an
     O_APPEND file *after* ``append`` returned; a line without its newline (killed mid-report) is
-    ignored by the parent, which only ever under-counts acknowledgments."""
+    ignored by the parent, which only ever under-counts acknowledgments. A small ``max_open`` with many
+    ``shared_count`` conversations makes the handle cache evict (and close locks) every few operations."""
     ack_fd = os.open(ack_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        store = Store(data_dir, lock_timeout=30.0)
+        store = Store(data_dir, lock_timeout=30.0, max_open_conversations=max_open)
     except LogstoreError as exc:  # recovery must not fail: report and let the parent fail the test
         os.write(ack_fd, f"X open {type(exc).__name__} {exc}\n".encode())
         os._exit(3)
 
-    shared = shared_conversations(gen)
+    shared = shared_conversations(gen, shared_count)
 
     def run(t: int) -> None:
         rng = random.Random(seed * 1000 + t)
@@ -401,7 +412,7 @@ def writer_main(data_dir: str, ack_path: str, gen: int, seed: int, threads: int)
                 r = store.append(site, cid, items)
             except Timeout:
                 continue
-            except LogstoreError as exc:
+            except Exception as exc:  # not only LogstoreError: a raw OSError (EBADF) is a bug too
                 os.write(ack_fd, f"X append {site} {cid} {bid} {type(exc).__name__} {exc}\n".encode())
                 os._exit(4)
             os.write(ack_fd, f"A {site} {cid} {bid} {n} {r.first} {r.last}\n".encode())
