@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from contextlib import contextmanager
 from typing import Any
 
@@ -33,10 +34,19 @@ def all_pages(store: Any, site: str, limit: int) -> list[str]:
     raise AssertionError("listing never ended")
 
 
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+def listing_key(last_appended_at: dt.datetime, conversation_id: str) -> tuple[int, str]:
+    """The spec's listing order as a sort key: last_appended_at desc, then id asc (exact integer
+    microseconds: a float timestamp near 2026 cannot tell neighbouring microseconds apart)."""
+    return (-((last_appended_at - _EPOCH) // dt.timedelta(microseconds=1)), conversation_id)
+
+
 def expected_order(store: Any, site: str, ids: Any) -> list[str]:
-    """The spec's listing order computed from the items themselves: last recorded_at desc, then id asc."""
+    """The listing order computed from the items themselves."""
     last = {cid: store.recall(site, cid, 1)[0].recorded_at for cid in ids}
-    return sorted(last, key=lambda cid: (-last[cid].timestamp(), cid))
+    return sorted(last, key=lambda cid: listing_key(last[cid], cid))
 
 
 def snapshot(store: Any, site: str, *conversation_ids: str) -> tuple[object, ...]:
