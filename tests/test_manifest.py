@@ -1,5 +1,6 @@
-"""Listing and the site manifest: order, ties, keyset pagination, cursors, isolation, reconciliation
-after lost or damaged manifest files, compaction, other processes' appends."""
+"""The site manifest behind listing: reconciliation after lost or damaged manifest files, compaction,
+other processes' appends. (Listing order, pagination and cursors are the backend contract's:
+tests/contract/test_listing.py.)"""
 
 from __future__ import annotations
 
@@ -10,127 +11,13 @@ import sys
 import textwrap
 import time
 
-import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
-import logstore.conversation as conversation
 import logstore.manifest as manifest_mod
-from logstore import InvalidArgument, InvalidCursor, Store
+from logstore import Store
 from logstore.manifest import decode_records, encode_record
+from tests.contract.support import all_pages, expected_order
 from tests.corruption import flip_byte, truncate
 
 SITE = "site-a"
-
-
-def all_pages(store: Store, site: str, limit: int) -> list[str]:
-    ids, cursor = [], None
-    for _ in range(10_000):
-        page = store.list_conversations(site, cursor, limit)
-        assert len(page.conversations) <= limit
-        ids.extend(c.conversation_id for c in page.conversations)
-        if page.next_cursor is None:
-            return ids
-        cursor = page.next_cursor
-    raise AssertionError("listing never ended")
-
-
-def expected_order(store: Store, site: str, ids) -> list[str]:
-    last = {cid: store.recall(site, cid, 1)[0].recorded_at for cid in ids}
-    return sorted(last, key=lambda cid: (-last[cid].timestamp(), cid))
-
-
-def test_order_most_recent_first_with_timestamps(store):
-    for cid in ["conv-c001", "conv-a001", "conv-b001"]:
-        store.append(SITE, cid, [{"x": cid}])
-    store.append(SITE, "conv-a001", [{"again": True}])
-    page = store.list_conversations(SITE)
-    assert [c.conversation_id for c in page.conversations] == ["conv-a001", "conv-b001", "conv-c001"]
-    a = page.conversations[0]
-    items = store.replay(SITE, "conv-a001", 0, 10)
-    assert a.created_at == items[0].recorded_at and a.last_appended_at == items[-1].recorded_at
-    assert a.created_at < a.last_appended_at
-    assert page.next_cursor is None
-
-
-def test_ties_broken_by_ascending_id_across_pages(store, monkeypatch):
-    monkeypatch.setattr(conversation, "_now_us", lambda: 1_800_000_000_000_000)
-    ids = [f"tie-{n:04d}x" for n in (5, 3, 9, 1, 7, 2, 8, 4, 6, 0)]
-    for cid in ids:
-        store.append(SITE, cid, [{"n": cid}])
-    for limit in (1, 3, 4, 10, 50):
-        assert all_pages(store, SITE, limit) == sorted(ids)
-
-
-def test_pagination_exactly_once_in_order(store):
-    ids = [f"page-{n:05d}" for n in range(57)]
-    for n, cid in enumerate(ids):
-        store.append(SITE, cid, [{"n": n}])
-    store.append(SITE, ids[10], [{"bump": 1}])
-    want = expected_order(store, SITE, ids)
-    for limit in (1, 2, 7, 56, 57, 58, 1000):
-        assert all_pages(store, SITE, limit) == want
-
-
-def test_limit_zero_and_empty_site(store):
-    assert store.list_conversations("empty-site").conversations == []
-    assert store.list_conversations("empty-site").next_cursor is None
-    store.append(SITE, "conv-0001", [{"a": 1}])
-    page = store.list_conversations(SITE, None, 0)
-    assert page.conversations == [] and page.next_cursor is not None  # something remains
-    assert [c.conversation_id for c in store.list_conversations(SITE, page.next_cursor, 5).conversations] == [
-        "conv-0001"
-    ]
-
-
-def test_malformed_and_tampered_cursors(store):
-    for n in range(3):
-        store.append(SITE, f"conv-{n:04d}", [{"n": n}])
-    cursor = store.list_conversations(SITE, None, 1).next_cursor
-    assert cursor
-    bad = [
-        "",
-        "not base64 !!",
-        "AAAA",
-        cursor[:-2],
-        cursor + "AA",
-        "é" * 10,
-        cursor[:5] + ("A" if cursor[5] != "A" else "B") + cursor[6:],
-    ]
-    for value in bad:
-        with pytest.raises(InvalidCursor) as info:
-            store.list_conversations(SITE, value, 5)
-        assert info.value.retryable is False and info.value.code == "InvalidCursor"
-    with pytest.raises(InvalidCursor):  # a valid cursor of another site's listing
-        store.list_conversations("site-b", cursor, 5)
-    with pytest.raises(InvalidArgument):
-        store.list_conversations(SITE, 12345, 5)  # type: ignore[arg-type]
-
-
-def test_sites_are_isolated(store):
-    store.append("site-a", "shared-id-1", [{"a": 1}])
-    store.append("site-b", "shared-id-1", [{"b": 1}])
-    store.append("site-b", "only-in-b-1", [{"b": 2}])
-    assert all_pages(store, "site-a", 10) == ["shared-id-1"]
-    assert all_pages(store, "site-b", 10) == ["only-in-b-1", "shared-id-1"]
-
-
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(
-    ops=st.lists(st.tuples(st.sampled_from(["s-one", "s-two"]), st.integers(0, 12)), min_size=1, max_size=30),
-    limits=st.lists(st.integers(1, 9), min_size=1, max_size=4),
-)
-def test_pages_concatenate_to_model_order(tmp_path_factory, ops, limits):
-    with Store(tmp_path_factory.mktemp("m") / "data") as store:
-        touched: dict[str, set[str]] = {"s-one": set(), "s-two": set()}
-        for site, n in ops:
-            cid = f"conv-{n:05d}"
-            store.append(site, cid, [{"n": n}])
-            touched[site].add(cid)
-        for site, ids in touched.items():
-            want = expected_order(store, site, ids)
-            for limit in limits:
-                assert all_pages(store, site, limit) == want
 
 
 def _journal_files(data_dir) -> list[str]:

@@ -6,8 +6,9 @@ receives a fresh scratch directory and the test's monkeypatch, and returns a ``B
 gives a store over *the same* storage each time it is called (close + open is a reopen, as a server
 restart), and whose optional ``set_clock`` replaces the clock that stamps ``recorded_at``.
 
-A store must offer ``append / recall / replay / list_conversations / close``, each taking ``site`` first,
-with the signatures and defaults of ``logstore.Store``, and be safe to call from several threads at once.
+A store is a ``StoreLike``: ``append / recall / replay / list_conversations / close``, each taking
+``site`` first, with the signatures and defaults of ``logstore.Store``; it must be safe to call from
+several threads at once.
 """
 
 from __future__ import annotations
@@ -17,25 +18,19 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
 
 import pytest
 
-from logstore import ConversationListing, MemoryItem, SeqRange, Store
+from logstore import Store
 
-
-class ContractStore(Protocol):
-    def append(self, site: str, conversation_id: str, items: Any) -> SeqRange: ...
-    def recall(self, site: str, conversation_id: str, count: int = ...) -> list[MemoryItem]: ...
-    def replay(self, site: str, conversation_id: str, offset: int = ..., limit: int = ...) -> list[MemoryItem]: ...
-    def list_conversations(self, site: str, cursor: str | None = ..., limit: int = ...) -> ConversationListing: ...
-    def close(self) -> None: ...
+# The backend protocol the server depends on (moving to logstore.core with the package split).
+from server.handlers import StoreLike
 
 
 @dataclass(frozen=True)
 class Backend:
     name: str
-    open: Callable[[], ContractStore]
+    open: Callable[[], StoreLike]
     # Installs ``now`` (microseconds since the Unix epoch) as the clock behind recorded_at, for this test
     # only; None when the backend cannot (tests that need it are skipped for that backend).
     set_clock: Callable[[Callable[[], int]], None] | None = None
@@ -61,7 +56,7 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.
 
 
 @pytest.fixture
-def store(backend: Backend) -> Iterator[ContractStore]:
+def store(backend: Backend) -> Iterator[StoreLike]:
     s = backend.open()
     try:
         yield s

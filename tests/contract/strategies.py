@@ -37,3 +37,9 @@ json_objects = st.dictionaries(st.text(max_size=12), json_values, max_size=8).fi
     lambda obj: _depth(obj) <= MAX_DEPTH
 )
 json_batches = st.lists(json_objects, min_size=1, max_size=12)
+
+# Cheap to draw (recursive strategies cost hypothesis ~10 ms an object): for tests about seqs and order,
+# where payload shape does not matter and json_objects' round trip is tested on its own.
+small_objects = st.dictionaries(
+    st.text(max_size=4), st.integers() | st.text(max_size=6) | st.none(), max_size=3
+)
