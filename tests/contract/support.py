@@ -51,7 +51,10 @@ def expected_order(store: Any, site: str, ids: Any) -> list[str]:
 
 def snapshot(store: Any, site: str, *conversation_ids: str) -> tuple[object, ...]:
     """Everything a client can observe of these conversations and the site's listing."""
-    items = tuple(tuple(store.replay(site, cid, 0, 1000)) for cid in conversation_ids)
+    items = tuple(  # head and tail: a conversation may hold more than one read returns
+        (tuple(store.replay(site, cid, 0, 1000)), tuple(store.recall(site, cid, 1000)))
+        for cid in conversation_ids
+    )
     return items, tuple(store.list_conversations(site, None, 1000).conversations)
 
 
