@@ -234,6 +234,18 @@ def cmd_wrongpw(args: argparse.Namespace) -> None:
     print(json.dumps(out))
 
 
+INIT = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-11-25",
+        "capabilities": {},
+        "clientInfo": {"name": "h", "version": "0"},
+    },
+}
+
+
 # --- maximum-size hostile bodies -----------------------------------------------------------------
 
 
@@ -249,8 +261,22 @@ def hostile_body(size: int) -> bytes:
     return body.encode() + b" " * (size - len(body))
 
 
-async def _bodies(base: str, size: int, parallel: int, pid: int) -> dict[str, Any]:
+async def _legacy_session(http: httpx2.AsyncClient, base: str, authorization: str) -> dict[str, str]:
+    """Open a 2025-11-25 session; the headers its requests carry."""
+    headers = {"Authorization": authorization, "Content-Type": "application/json"}
+    headers["Accept"] = "application/json, text/event-stream"
+    r = await http.post(base + "/mcp", json=INIT, headers=headers)
+    headers |= {"Mcp-Session-Id": r.headers["mcp-session-id"], "MCP-Protocol-Version": "2025-11-25"}
+    await http.post(
+        base + "/mcp", json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=headers
+    )
+    return headers
+
+
+async def _bodies(base: str, size: int, parallel: int, pid: int, era: str) -> dict[str, Any]:
     body = hostile_body(size)
+    if era == "legacy":
+        body = body.replace(b'"_meta"', b'"_mex_"', 1)  # no 2026 envelope; same size
     headers = modern_headers(basic("alpha", "alpha-pw"), "append_memory")
     stalls: list[float] = []
     done = asyncio.Event()
@@ -269,11 +295,17 @@ async def _bodies(base: str, size: int, parallel: int, pid: int) -> dict[str, An
             json=tool_call("recall_memory", {"conversation_id": "conversation-1"}),
             headers=modern_headers(basic("alpha", "alpha-pw"), "recall_memory"),
         )  # auth cached
+        if era == "legacy":
+            sessions = [
+                await _legacy_session(http, base, basic("alpha", "alpha-pw")) for _ in range(parallel)
+            ]
+        else:
+            sessions = [headers] * parallel
         rss_before = rss_mib(pid)
         prober = asyncio.create_task(probe())
         start = time.perf_counter()
         results = await asyncio.gather(
-            *(http.post(base + "/mcp", content=body, headers=headers) for _ in range(parallel)),
+            *(http.post(base + "/mcp", content=body, headers=h) for h in sessions),
             return_exceptions=True,
         )
         elapsed = time.perf_counter() - start
@@ -295,23 +327,12 @@ async def _bodies(base: str, size: int, parallel: int, pid: int) -> dict[str, An
 
 def cmd_bodies(args: argparse.Namespace) -> None:
     with server(args.src, {"alpha": "alpha-pw"}) as (base, proc):
-        out = asyncio.run(_bodies(base, args.size, args.parallel, proc.pid))
-    out.update(scenario="bodies", src=str(args.src))
+        out = asyncio.run(_bodies(base, args.size, args.parallel, proc.pid, args.era))
+    out.update(scenario="bodies", era=args.era, src=str(args.src))
     print(json.dumps(out))
 
 
 # --- legacy session storm ------------------------------------------------------------------------
-
-INIT = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-11-25",
-        "capabilities": {},
-        "clientInfo": {"name": "h", "version": "0"},
-    },
-}
 
 
 async def _sessions(base: str, count: int, pid: int) -> dict[str, Any]:
@@ -478,6 +499,7 @@ def main(argv: list[str] | None = None) -> None:
     p = add("bodies", cmd_bodies)
     p.add_argument("--size", type=int, default=4 * 1024 * 1024, help="body bytes")
     p.add_argument("--parallel", type=int, default=12)
+    p.add_argument("--era", choices=["modern", "legacy"], default="legacy")
     p = add("sessions", cmd_sessions)
     p.add_argument("--count", type=int, default=3000)
     p.add_argument("--settle", type=float, default=10.0, help="seconds to wait before the last RSS sample")

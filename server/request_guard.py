@@ -22,10 +22,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .http_limits import LARGE_BODY, HttpLimits
 
-__all__ = ["HeaderGuard", "BodyGuard", "json_error"]
+__all__ = ["HeaderGuard", "BodyGuard", "json_error", "BODY_BYTES"]
 
 log = logging.getLogger("logstore.server.requests")
 
+BODY_BYTES = "logstore.body_bytes"  # scope key: the size of the body BodyGuard read
 LARGE_WAIT = 30.0  # seconds a large body may wait for its turn to be parsed
 
 
@@ -101,6 +102,7 @@ class BodyGuard:
                 break
         body = b"".join(chunks)
         del chunks
+        scope = {**scope, BODY_BYTES: size}
         if size <= LARGE_BODY:
             await self.app(scope, _replay(body, receive), send)
             return
@@ -125,7 +127,9 @@ class BodyGuard:
             f"request body over {self.max_body} bytes: a valid call (a batch of at most 1 MiB of compact "
             "JSON, even fully escaped) is far smaller"
         )
-        await json_error(send, 413, "RequestTooLarge", message, headers=[(b"connection", b"close")])
+        # No "connection: close": the client is likely still sending; uvicorn discards the rest (bounded by
+        # the body deadline) so that the client reads this answer instead of a reset connection.
+        await json_error(send, 413, "RequestTooLarge", message)
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
