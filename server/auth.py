@@ -32,7 +32,7 @@ from logstore.ids import is_valid_site
 
 from .credentials import CredentialsFile, hash_password, verify_password
 from .http_limits import HttpLimits
-from .kdf_gate import AuthShed, AuthThrottled, FailureThrottle, KdfGate
+from .kdf_gate import THROTTLE_DELAY, AuthShed, AuthThrottled, FailureThrottle, KdfGate
 from .request_guard import json_error
 
 __all__ = ["SiteUser", "Authenticator", "BasicAuthMiddleware", "site_of_scope"]
@@ -195,6 +195,8 @@ class BasicAuthMiddleware:
             user = await self.authenticator.authenticate(header, client)
         except AuthThrottled as exc:
             log.warning("throttling authentication from %s: too many failures", client)
+            # Answering at once would let a flooding client loop as fast as the server can say 429.
+            await anyio.sleep(THROTTLE_DELAY)
             retry = [(b"retry-after", str(int(exc.retry_after)).encode("ascii"))]
             await json_error(send, 429, "TooManyRequests", str(exc), headers=retry)
             return

@@ -60,6 +60,7 @@ class ServeConfig:
     max_header_count: int = _LIMITS.max_header_count
     max_header_bytes: int = _LIMITS.max_header_bytes
     max_body_bytes: int = _LIMITS.max_body_bytes
+    large_body_bytes: int = _LIMITS.large_body_bytes
     max_large_bodies: int = _LIMITS.max_large_bodies
     kdf_threads: int = _LIMITS.kdf_threads
     kdf_queue: int = _LIMITS.kdf_queue

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from logstore.limits import MAX_BATCH_BYTES
 
-__all__ = ["HttpLimits", "MAX_REQUEST_BODY", "LARGE_BODY"]
+__all__ = ["HttpLimits", "MAX_REQUEST_BODY"]
 
 # The largest request body a valid call needs. The spec caps a batch at 1 MiB of compact UTF-8 JSON (the
 # bytes the engine counts). On the wire JSON escaping can triple that at most (a 4-byte UTF-8 character
@@ -21,9 +21,6 @@ __all__ = ["HttpLimits", "MAX_REQUEST_BODY", "LARGE_BODY"]
 # so it is refused with HTTP 413 before anything parses it.
 MAX_REQUEST_BODY = 3 * MAX_BATCH_BYTES + 1024 * 1024
 
-# Bodies above this size count as "large" parses, of which only a few may be in flight at once: the
-# largest valid single item (256 KiB) and every ordinary call stay below it and never wait.
-LARGE_BODY = 512 * 1024
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,7 +33,10 @@ class HttpLimits:
     max_header_bytes: int = 16 * 1024  # names + values, all headers together
     # --- bodies ---
     max_body_bytes: int = MAX_REQUEST_BODY
-    max_large_bodies: int = 2  # concurrent requests whose body is over LARGE_BODY (they wait their turn)
+    # Bodies over large_body_bytes are "large" parses, of which only max_large_bodies run at once (the
+    # others wait their turn): the largest valid single item (256 KiB) and ordinary calls never wait.
+    large_body_bytes: int = 512 * 1024
+    max_large_bodies: int = 2
     # --- authentication (before a password is known to be right) ---
     kdf_threads: int = 2  # concurrent scrypt runs (~60 ms and 16 MiB each)
     kdf_queue: int = 64  # waiting verifications; beyond it the newest suspect waiter is shed (503)
@@ -53,6 +53,7 @@ class HttpLimits:
             "max_header_count",
             "max_header_bytes",
             "max_body_bytes",
+            "large_body_bytes",
             "max_large_bodies",
             "kdf_threads",
             "kdf_queue",

@@ -29,9 +29,11 @@ import anyio.to_thread
 
 from .http_limits import HttpLimits
 
-__all__ = ["AuthThrottled", "AuthShed", "FailureThrottle", "KdfGate"]
+__all__ = ["AuthThrottled", "AuthShed", "FailureThrottle", "KdfGate", "THROTTLE_DELAY"]
 
 T = TypeVar("T")
+# Seconds a throttled request is held before its 429, so one connection can ask at most once a second.
+THROTTLE_DELAY = 1.0
 _MAX_ADDRESSES = 10_000  # tracked addresses; the oldest window is forgotten first
 
 

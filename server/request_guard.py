@@ -4,11 +4,12 @@
   lines or ``max_header_bytes`` of them get 431. The 2026-07-28 request path in the SDK is quadratic in the
   number of headers (10,000 tiny headers held the event loop for 1.2-1.7 s); a real client sends about ten.
 - ``BodyGuard`` (on ``/mcp``, after authentication, so an anonymous client never makes the server buffer
-  anything): a declared or actual body over ``max_body_bytes`` gets 413 before a byte of it is parsed; the
-  body is read completely before the SDK sees it, and only ``max_large_bodies`` requests whose body is over
-  ``LARGE_BODY`` go on to be parsed at a time — parsing is what multiplies memory (an 8 MiB body of ``{}``
-  items became ~230 MiB of Python objects), so N hostile bodies cost at most ``max_large_bodies`` parses
-  of memory, and the others wait (at most ``LARGE_WAIT`` seconds, then 503) holding only their raw bytes.
+  anything): a declared or actual body over ``max_body_bytes`` gets 413 before a byte of it is parsed;
+  the body is read completely before the SDK sees it, and only ``max_large_bodies`` requests whose body
+  is over ``large_body_bytes`` go on to be parsed at a time — parsing is what multiplies memory (an 8 MiB
+  body of ``{}`` items became ~230 MiB of Python objects), so N hostile bodies cost at most
+  ``max_large_bodies`` parses of memory, and the others wait (at most ``LARGE_WAIT`` seconds, then 503)
+  holding only their raw bytes.
   A client that disconnects before its body is complete is logged as one line, not a traceback.
 """
 
@@ -20,7 +21,7 @@ import logging
 import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .http_limits import LARGE_BODY, HttpLimits
+from .http_limits import HttpLimits
 
 __all__ = ["HeaderGuard", "BodyGuard", "json_error", "BODY_BYTES"]
 
@@ -73,7 +74,7 @@ class HeaderGuard:
 
 class BodyGuard:
     def __init__(self, app: ASGIApp, limits: HttpLimits) -> None:
-        self.app, self.max_body = app, limits.max_body_bytes
+        self.app, self.max_body, self.large = app, limits.max_body_bytes, limits.large_body_bytes
         self._large = anyio.Semaphore(limits.max_large_bodies)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -103,7 +104,7 @@ class BodyGuard:
         body = b"".join(chunks)
         del chunks
         scope = {**scope, BODY_BYTES: size}
-        if size <= LARGE_BODY:
+        if size <= self.large:
             await self.app(scope, _replay(body, receive), send)
             return
         with anyio.move_on_after(LARGE_WAIT) as waited:

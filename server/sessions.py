@@ -34,7 +34,7 @@ from mcp_types import JSONRPCNotification
 from starlette.types import Receive, Scope, Send
 
 from .auth import SiteUser
-from .http_limits import LARGE_BODY, HttpLimits
+from .http_limits import HttpLimits
 from .request_guard import BODY_BYTES, json_error
 
 __all__ = ["SitedSessionManager"]
@@ -97,7 +97,7 @@ class SitedSessionManager(StreamableHTTPSessionManager):
             session.in_flight += 1
         try:
             await super()._handle_request(scope, receive, send)
-            if session is not None and scope.get(BODY_BYTES, 0) > LARGE_BODY:
+            if session is not None and scope.get(BODY_BYTES, 0) > self.limits.large_body_bytes:
                 await self._release_last_message(sid)
         finally:
             _opening.reset(token)
