@@ -4,6 +4,7 @@
     python -m bench.hostile bodies   [--src DIR]   # peak RSS and /healthz stalls under 12 maximum-size bodies
     python -m bench.hostile mixed --workers N      # 64 clients, mixed tools: calls/s, p50/p99, errors, RSS
     python -m bench.hostile sessions [--src DIR]   # one site opening many legacy sessions; another site after
+    python -m bench.hostile headers  [--src DIR]   # one request with 2,500 / 5,000 / 10,000 tiny headers
 
 Each scenario starts its own ``logstore serve`` on 127.0.0.1 with a fresh data dir and prints one JSON line.
 ``--src DIR`` runs the server from another source tree (e.g. ``git archive <commit>`` unpacked), which is
@@ -408,6 +409,27 @@ def cmd_sessions(args: argparse.Namespace) -> None:
     print(json.dumps(out))
 
 
+# --- header count -------------------------------------------------------------------------------
+
+
+async def _headers(base: str, count: int) -> dict[str, Any]:
+    auth = basic("alpha", "alpha-pw")
+    body = tool_call("recall_memory", {"conversation_id": "conversation-1"})
+    async with httpx2.AsyncClient(timeout=60) as http:
+        await http.post(base + "/mcp", json=body, headers=modern_headers(auth, "recall_memory"))  # cache auth
+        headers = modern_headers(auth, "recall_memory") | {f"x-h{i}": "v" for i in range(count)}
+        start = time.perf_counter()
+        r = await http.post(base + "/mcp", json=body, headers=headers)
+        elapsed = time.perf_counter() - start
+    return {"headers": count, "status": r.status_code, "ms": round(elapsed * 1000, 1)}
+
+
+def cmd_headers(args: argparse.Namespace) -> None:
+    with server(args.src, {"alpha": "alpha-pw"}) as (base, _proc):
+        runs = [asyncio.run(_headers(base, n)) for n in (2500, 5000, 10_000)]
+    print(json.dumps({"scenario": "headers", "runs": runs, "src": str(args.src)}))
+
+
 # --- 64-client mixed run -------------------------------------------------------------------------
 
 _MIX = ["append_memory"] * 5 + ["recall_memory"] * 3 + ["replay_memory", "list_conversations"]
@@ -540,6 +562,7 @@ def main(argv: list[str] | None = None) -> None:
     p = add("sessions", cmd_sessions)
     p.add_argument("--count", type=int, default=3000)
     p.add_argument("--settle", type=float, default=10.0, help="seconds to wait before the last RSS sample")
+    add("headers", cmd_headers)
     p = add("mixed", cmd_mixed)
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--clients", type=int, default=64)
