@@ -413,15 +413,29 @@ def cmd_sessions(args: argparse.Namespace) -> None:
 
 
 async def _headers(base: str, count: int) -> dict[str, Any]:
+    """One request whose header block (``count`` lines ``xN:v``) arrives in one write; its answer time."""
     auth = basic("alpha", "alpha-pw")
-    body = tool_call("recall_memory", {"conversation_id": "conversation-1"})
+    body = json.dumps(tool_call("recall_memory", {"conversation_id": "conversation-1"})).encode()
     async with httpx2.AsyncClient(timeout=60) as http:
-        await http.post(base + "/mcp", json=body, headers=modern_headers(auth, "recall_memory"))  # cache auth
-        headers = modern_headers(auth, "recall_memory") | {f"x-h{i}": "v" for i in range(count)}
-        start = time.perf_counter()
-        r = await http.post(base + "/mcp", json=body, headers=headers)
-        elapsed = time.perf_counter() - start
-    return {"headers": count, "status": r.status_code, "ms": round(elapsed * 1000, 1)}
+        await http.post(
+            base + "/mcp", content=body, headers=modern_headers(auth, "recall_memory")
+        )  # cache auth
+    host, port = base.removeprefix("http://").split(":")
+    lines = [f"{k}: {v}" for k, v in modern_headers(auth, "recall_memory").items()]
+    lines += [f"x{i}:v" for i in range(count)] + [f"Content-Length: {len(body)}", f"Host: {host}"]
+    request = ("POST /mcp HTTP/1.1\r\n" + "\r\n".join(lines) + "\r\n\r\n").encode() + body
+    reader, writer = await asyncio.open_connection(host, int(port))
+    start = time.perf_counter()
+    writer.write(request)
+    status = await asyncio.wait_for(reader.readline(), 60)
+    elapsed = time.perf_counter() - start
+    writer.close()
+    return {
+        "headers": count,
+        "bytes": len(request),
+        "status": status.decode().strip(),
+        "ms": round(elapsed * 1000, 1),
+    }
 
 
 def cmd_headers(args: argparse.Namespace) -> None:

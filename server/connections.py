@@ -13,6 +13,9 @@ everyone. ``guarded_protocol`` returns an ``H11Protocol`` subclass that adds, pe
   closed to make room (slow-loris connections are the ones that go), and only when every connection has
   a request in flight is the new one refused with 503.
 
+A header block over ``max_header_bytes`` is answered 431 before h11 parses it (the header *count* is
+checked by ``server.request_guard.HeaderGuard`` once parsed).
+
 On a deadline the server answers 408 if no response was started, and closes the connection.
 """
 
@@ -39,6 +42,9 @@ FD_RESERVE = 1024
 
 _REFUSED = (
     b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nretry-after: 1\r\nconnection: close\r\n\r\n"
+)
+_HEADERS_TOO_LARGE = (
+    b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
 )
 _TIMED_OUT = b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
 
@@ -88,6 +94,22 @@ def guarded_protocol(limits: HttpLimits) -> type[H11Protocol]:
                 transport.close()
                 return
             self._rearm()
+
+        def data_received(self, data: bytes) -> None:
+            if self.conn.their_state is h11.IDLE and self._oversize_head(data):
+                log.warning("refusing a request: header block over %d bytes", limits.max_header_bytes)
+                self._cancel()
+                self.transport.write(_HEADERS_TOO_LARGE)
+                self.transport.close()
+                return
+            super().data_received(data)
+
+        def _oversize_head(self, data: bytes) -> bool:
+            # Refused before h11 parses it: a complete header block arriving in one read is otherwise
+            # parsed whatever its size (h11's own limit applies only to an incomplete one).
+            window = bytes(self.conn.trailing_data[0]) + data[: limits.max_header_bytes + 4]
+            end = window.find(b"\r\n\r\n")
+            return end > limits.max_header_bytes or (end == -1 and len(window) > limits.max_header_bytes)
 
         def handle_events(self) -> None:
             super().handle_events()
