@@ -36,7 +36,7 @@ class HttpLimits:
     # Bodies over large_body_bytes are "large" parses, of which only max_large_bodies run at once (the
     # others wait their turn): the largest valid single item (256 KiB) and ordinary calls never wait.
     large_body_bytes: int = 512 * 1024
-    max_large_bodies: int = 2
+    max_large_bodies: int = 1  # parsing runs on the event loop: one at a time bounds its stall too
     # --- authentication (before a password is known to be right) ---
     kdf_threads: int = 2  # concurrent scrypt runs (~60 ms and 16 MiB each)
     kdf_queue: int = 64  # waiting verifications; beyond it the newest suspect waiter is shed (503)

@@ -29,8 +29,10 @@ import anyio
 from mcp.server.auth.middleware.bearer_auth import AuthorizationContext
 from mcp.server.streamable_http import MCP_SESSION_ID_HEADER, StreamableHTTPServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER
 from mcp.shared.message import SessionMessage
 from mcp_types import JSONRPCNotification
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from starlette.types import Receive, Scope, Send
 
 from .auth import SiteUser
@@ -43,6 +45,7 @@ log = logging.getLogger("logstore.server.sessions")
 
 TRIM_INTERVAL = 5.0  # seconds between malloc_trim calls after sessions closed
 _SESSION_HEADER = MCP_SESSION_ID_HEADER.lower().encode("ascii")
+_VERSION_HEADER = MCP_PROTOCOL_VERSION_HEADER.lower().encode("ascii")
 # A notification no handler exists for: the SDK drops it (debug log). Sent into a session after a large
 # request so that the session's read loop lets go of that request: the SDK's dispatcher keeps the last
 # message it received in its loop variable, and a parsed 4 MiB body of `{}` is ~120 MiB of objects — held
@@ -86,7 +89,7 @@ class SitedSessionManager(StreamableHTTPSessionManager):
             return
         sid = next((v for k, v in scope["headers"] if k == _SESSION_HEADER), b"").decode("latin-1")
         session = self._book.get(sid)
-        refusal = self._refusal(_site_of_scope(scope)) if not sid else None
+        refusal = self._refusal(_site_of_scope(scope)) if not sid and _may_open_session(scope) else None
         if refusal is not None:
             log.warning("refusing a new session: %s", refusal)
             await json_error(send, 503, "Unavailable", refusal, headers=[(b"retry-after", b"1")])
@@ -200,6 +203,12 @@ class SitedSessionManager(StreamableHTTPSessionManager):
         self._trim_pending = False
         self._last_trim = time.monotonic()
         await anyio.to_thread.run_sync(_malloc_trim)
+
+
+def _may_open_session(scope: Scope) -> bool:
+    """A POST the SDK routes to the legacy (session) path, as it does: by the protocol-version header."""
+    pv = next((v for k, v in scope["headers"] if k == _VERSION_HEADER), None)
+    return scope["method"] == "POST" and (pv is None or pv.decode("latin-1") in HANDSHAKE_PROTOCOL_VERSIONS)
 
 
 def _site_of_scope(scope: Scope) -> str:

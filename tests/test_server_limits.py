@@ -146,3 +146,22 @@ def test_log_guard_passes_a_burst_then_counts_what_it_dropped():
     time.sleep(0.25)
     summary = record()
     assert guard.filter(summary) and "997 similar messages suppressed" in summary.getMessage()
+
+
+def test_session_admission_evicts_idle_longest_and_refuses_only_when_all_are_busy():
+    from server.sessions import SitedSessionManager, _Session
+
+    manager = SitedSessionManager(app=object(), limits=HttpLimits(max_sessions=4, max_sessions_per_site=2))
+    book = manager._book
+    book.update({"a1": _Session("a", 1.0), "a2": _Session("a", 2.0), "b1": _Session("b", 3.0)})
+    assert manager._victims("a") == ["a1"]  # at its own cap: its own idle-longest goes
+    assert manager._victims("b") == [] and manager._victims("c") == []
+    book["b2"] = _Session("b", 0.5)
+    # Global cap (4): the idle-longest session of a site holding the most (a and b hold 2; b2 is oldest).
+    assert manager._victims("c") == ["b2"]
+    for session in book.values():
+        session.in_flight = 1
+    assert manager._victims("c") is None and "all busy" in manager._refusal("c")
+    assert "this site has 2 sessions open" in manager._refusal("a")
+    book["a1"].in_flight = 0
+    assert manager._victims("c") == ["a1"] and manager._refusal("c") is None
