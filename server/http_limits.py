@@ -22,7 +22,6 @@ __all__ = ["HttpLimits", "MAX_REQUEST_BODY"]
 MAX_REQUEST_BODY = 3 * MAX_BATCH_BYTES + 1024 * 1024
 
 
-
 @dataclass(frozen=True, kw_only=True)
 class HttpLimits:
     # --- connections (before any request is read) ---
