@@ -1,7 +1,8 @@
 """HTTP Basic authentication for ``/mcp``: the user name is the site, checked on every request.
 
-Cost model: the first request with a given ``Authorization`` header runs scrypt (in a worker thread, behind
-its own small limiter so a flood of bad passwords cannot take every thread); after that the header's
+Cost model: the first request with a given ``Authorization`` header runs scrypt (in a worker thread, admitted
+by ``server.kdf_gate``: its own small pool, a bounded queue that serves addresses without recent failures
+first, and a per-address failure throttle answering 429); after that the header's
 SHA-256 maps straight to the site, so an authenticated request costs a hash and a dict lookup. Both caches
 (good and bad headers) are dropped whenever ``credentials.json`` changes, which the authenticator notices
 with a ``stat`` at most once per ``reload_interval`` — so ``logstore site remove`` takes effect on a running
@@ -17,13 +18,11 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-import json
 import logging
 import time
 from typing import Any
 
 import anyio
-import anyio.to_thread
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
 from starlette.authentication import AuthCredentials
@@ -32,6 +31,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from logstore.ids import is_valid_site
 
 from .credentials import CredentialsFile, hash_password, verify_password
+from .http_limits import HttpLimits
+from .kdf_gate import THROTTLE_DELAY, AuthShed, AuthThrottled, FailureThrottle, KdfGate
+from .request_guard import json_error
 
 __all__ = ["SiteUser", "Authenticator", "BasicAuthMiddleware", "site_of_scope"]
 
@@ -57,7 +59,14 @@ def site_of_scope(scope: Scope) -> str:
 
 
 class Authenticator:
-    def __init__(self, credentials: CredentialsFile, *, reload_interval: float = 1.0) -> None:
+    def __init__(
+        self,
+        credentials: CredentialsFile,
+        *,
+        reload_interval: float = 1.0,
+        limits: HttpLimits | None = None,
+    ) -> None:
+        limits = limits if limits is not None else HttpLimits()
         self._file = credentials
         self._reload_interval = reload_interval
         self._next_check = 0.0
@@ -66,7 +75,8 @@ class Authenticator:
         self._good: dict[bytes, SiteUser] = {}
         self._bad: set[bytes] = set()
         self._pending: dict[bytes, anyio.Event] = {}  # header digests being verified right now
-        self._kdf_limiter = anyio.CapacityLimiter(2)
+        self._kdf = KdfGate(limits)
+        self._throttle = FailureThrottle(limits)
         # Unknown sites are checked against this, so they take as long as a wrong password does.
         self._decoy = hash_password("decoy")
 
@@ -88,8 +98,11 @@ class Authenticator:
         self._good.clear()
         self._bad.clear()
 
-    async def authenticate(self, authorization: bytes) -> SiteUser | None:
-        """The site for a ``Basic`` header value (the whole header), or None if it does not verify."""
+    async def authenticate(self, authorization: bytes, client: str = "") -> SiteUser | None:
+        """The site for a ``Basic`` header value (the whole header), or None if it does not verify.
+
+        ``client`` is the peer address the per-address throttle counts failures against. Raises
+        ``AuthThrottled`` or ``AuthShed`` (see ``server.kdf_gate``) when verification is refused."""
         self._refresh()
         key = hashlib.sha256(authorization).digest()
         user = self._good.get(key)
@@ -101,25 +114,28 @@ class Authenticator:
         if pending is not None:
             # Clients tend to open several connections at once with the same credentials: one KDF run.
             await pending.wait()
-            return await self.authenticate(authorization)
+            return await self.authenticate(authorization, client)
+        suspect = self._throttle.begin(client)
         self._pending[key] = event = anyio.Event()
+        failed = False  # refused (shed, cancelled) is not a failed password
         try:
-            return await self._verify(key, authorization)
+            user = await self._verify(key, authorization, suspect)
+            failed = user is None
+            return user
         finally:
+            self._throttle.end(client, failed=failed)
             del self._pending[key]
             event.set()
 
-    async def _verify(self, key: bytes, authorization: bytes) -> SiteUser | None:
+    async def _verify(self, key: bytes, authorization: bytes, suspect: bool) -> SiteUser | None:
         parsed = _parse_basic(authorization)
         site, password = parsed if parsed is not None else ("", "")
         entry = self._entries.get(site) if is_valid_site(site) else None
         entries_seen = self._entries
-        ok = await anyio.to_thread.run_sync(
-            verify_password, entry or self._decoy, password, limiter=self._kdf_limiter
-        )
+        ok = await self._kdf.run(verify_password, entry or self._decoy, password, suspect=suspect)
         ok = ok and entry is not None and parsed is not None
         if self._entries is not entries_seen:  # credentials reloaded meanwhile: decide afresh
-            return await self._verify(key, authorization)
+            return await self._verify(key, authorization, suspect)
         cache = self._good if ok else self._bad
         if len(cache) >= _CACHE_MAX:
             cache.clear()
@@ -174,7 +190,21 @@ class BasicAuthMiddleware:
                 send, "unsupported authorization scheme: HTTP Basic authentication is required"
             )
             return
-        user = await self.authenticator.authenticate(header)
+        client = (scope.get("client") or ("", 0))[0]
+        try:
+            user = await self.authenticator.authenticate(header, client)
+        except AuthThrottled as exc:
+            log.warning("throttling authentication from %s: too many failures", client)
+            # Answering at once would let a flooding client loop as fast as the server can say 429.
+            await anyio.sleep(THROTTLE_DELAY)
+            retry = [(b"retry-after", str(int(exc.retry_after)).encode("ascii"))]
+            await json_error(send, 429, "TooManyRequests", str(exc), headers=retry)
+            return
+        except AuthShed:
+            log.warning("shedding an authentication: the verification queue is full")
+            message = "server busy verifying credentials; retry shortly"
+            await json_error(send, 503, "Unavailable", message, headers=[(b"retry-after", b"1")])
+            return
         if user is None:
             await self._reject(send, "invalid site or password")
             return
@@ -182,16 +212,4 @@ class BasicAuthMiddleware:
         await self.app(scope, receive, send)
 
     async def _reject(self, send: Send, message: str) -> None:
-        body = json.dumps({"error": {"code": "Unauthorized", "message": message}}).encode("utf-8")
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 401,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode("ascii")),
-                    (b"www-authenticate", self._challenge),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        await json_error(send, 401, "Unauthorized", message, headers=[(b"www-authenticate", self._challenge)])

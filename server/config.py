@@ -10,7 +10,11 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
+from .http_limits import HttpLimits
+
 __all__ = ["ServeConfig", "ENV_VARS"]
+
+_LIMITS = HttpLimits()
 
 # field name -> environment variable
 ENV_VARS = {
@@ -27,6 +31,9 @@ ENV_VARS = {
     "stateless": "LOGSTORE_STATELESS",
     "log_level": "LOGSTORE_LOG_LEVEL",
 }
+# The hostile-client limits (server/http_limits.py, docs/SECURITY.md): LOGSTORE_<FIELD NAME>.
+_LIMIT_FIELDS = tuple(f.name for f in fields(HttpLimits))
+ENV_VARS.update({name: f"LOGSTORE_{name.upper()}" for name in _LIMIT_FIELDS})
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -46,6 +53,26 @@ class ServeConfig:
     threads: int = 32  # worker threads for blocking store calls (concurrent appends group-commit)
     stateless: bool | None = None  # None: stateless exactly when workers > 1
     log_level: str = "info"
+    # Limits against hostile clients; defaults live in HttpLimits.
+    max_connections: int = _LIMITS.max_connections
+    header_timeout: float = _LIMITS.header_timeout
+    body_timeout: float = _LIMITS.body_timeout
+    max_header_count: int = _LIMITS.max_header_count
+    max_header_bytes: int = _LIMITS.max_header_bytes
+    max_body_bytes: int = _LIMITS.max_body_bytes
+    large_body_bytes: int = _LIMITS.large_body_bytes
+    max_large_bodies: int = _LIMITS.max_large_bodies
+    kdf_threads: int = _LIMITS.kdf_threads
+    kdf_queue: int = _LIMITS.kdf_queue
+    auth_failures: int = _LIMITS.auth_failures
+    auth_failure_window: float = _LIMITS.auth_failure_window
+    max_sessions: int = _LIMITS.max_sessions
+    max_sessions_per_site: int = _LIMITS.max_sessions_per_site
+    session_idle_timeout: float = _LIMITS.session_idle_timeout
+
+    @property
+    def http_limits(self) -> HttpLimits:
+        return HttpLimits(**{name: getattr(self, name) for name in _LIMIT_FIELDS})
 
     @property
     def effective_stateless(self) -> bool:
@@ -66,6 +93,7 @@ class ServeConfig:
             raise ValueError("--ssl-certfile and --ssl-keyfile go together")
         if self.stateless is False and self.workers > 1:
             raise ValueError("several workers need stateless serving (sessions live in one process)")
+        self.http_limits.validate()
         return self
 
     @classmethod
@@ -76,7 +104,7 @@ class ServeConfig:
         for f in fields(cls):
             raw = env.get(ENV_VARS[f.name])
             if raw is not None:
-                values[f.name] = _parse(f.name, raw)
+                values[f.name] = _parse(f.name, f.type, raw)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values).validate()  # type: ignore[arg-type]
 
@@ -89,13 +117,14 @@ class ServeConfig:
         return out
 
 
-def _parse(name: str, raw: str) -> object:
+def _parse(name: str, annotation: object, raw: str) -> object:
+    kind = str(annotation).split(" |")[0]  # annotations are strings here (postponed evaluation)
     try:
-        if name in ("port", "workers", "threads"):
+        if kind == "int":
             return int(raw)
-        if name == "lock_timeout":
+        if kind == "float":
             return float(raw)
-        if name in ("stdio", "stateless"):
+        if kind == "bool":
             if raw.strip().lower() in _TRUE:
                 return True
             if raw.strip().lower() in _FALSE:

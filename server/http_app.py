@@ -5,6 +5,11 @@ One ``StreamableHTTPSessionManager`` serves both protocol eras: requests carryin
 handshake gets sessions (stateful by default, so each session is bound to the site that opened it) or,
 with ``stateless=True``, none — required when several worker processes share a port, since a session
 lives in one process's memory.
+
+Around the SDK (outermost first): ``HeaderGuard`` (header count/size), Basic auth, ``BodyGuard`` (body size,
+concurrent large parses, disconnects), then ``SitedSessionManager`` (per-site session caps). The
+connection-level limits (read deadlines, connection cap) are in ``server.connections``; all values in
+``server.http_limits`` and docs/SECURITY.md.
 """
 
 from __future__ import annotations
@@ -17,9 +22,10 @@ from typing import Any
 
 import anyio
 from mcp.server.context import ServerRequestContext
-from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
+from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
 from mcp.server.transport_security import TransportSecuritySettings
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
@@ -27,16 +33,15 @@ from starlette.routing import Route
 from .auth import Authenticator, BasicAuthMiddleware, site_of_scope
 from .credentials import CredentialsFile
 from .handlers import StoreLike
+from .http_limits import MAX_REQUEST_BODY, HttpLimits
+from .log_guard import install_log_guard
 from .mcp_app import ToolBinding, build_mcp_server, server_version, spec_bindings
+from .request_guard import BodyGuard, HeaderGuard
+from .sessions import SitedSessionManager
 
 __all__ = ["MAX_REQUEST_BODY", "build_http_app", "site_of_request"]
 
 log = logging.getLogger("logstore.server")
-
-# The spec caps a batch at 1 MiB of compact JSON; the same batch on the wire may be several times larger
-# (\u escapes, pretty-printing, the JSON-RPC envelope). 8 MiB keeps every valid batch well clear of the
-# transport limit, so oversize batches get the spec's BatchTooLarge rather than an HTTP 413.
-MAX_REQUEST_BODY = 8 * 1024 * 1024
 
 
 def site_of_request(ctx: ServerRequestContext[Any, Any]) -> str:
@@ -70,19 +75,22 @@ def build_http_app(
     threads: int = 32,
     bindings_factory: Callable[[StoreLike], Mapping[str, ToolBinding]] = spec_bindings,
     close_store: bool = True,
+    limits: HttpLimits | None = None,
 ) -> Starlette:
     """The whole server as one ASGI app. ``store`` is closed when the app shuts down (if ``close_store``)."""
+    limits = (limits if limits is not None else HttpLimits()).validate()
     limiter = anyio.CapacityLimiter(threads)
     mcp_server = build_mcp_server(bindings_factory(store), site_of=site_of_request, limiter=limiter)
-    manager = StreamableHTTPSessionManager(
+    manager = SitedSessionManager(
         app=mcp_server,
         json_response=True,  # one JSON body per call: no server-to-client requests are ever needed
         stateless=stateless,
         security_settings=_transport_security(host),
-        max_request_body_size=MAX_REQUEST_BODY,
+        max_request_body_size=limits.max_body_bytes,
+        limits=limits,
     )
-    authenticator = Authenticator(CredentialsFile(data_dir))
-    mcp_endpoint = BasicAuthMiddleware(StreamableHTTPASGIApp(manager), authenticator)
+    authenticator = Authenticator(CredentialsFile(data_dir), limits=limits)
+    mcp_endpoint = BasicAuthMiddleware(BodyGuard(StreamableHTTPASGIApp(manager), limits), authenticator)
 
     async def healthz(request: Request) -> JSONResponse:
         # Liveness only: no credentials needed and nothing about sites or data is revealed.
@@ -90,6 +98,7 @@ def build_http_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        install_log_guard()  # here, because uvicorn configures logging (per worker process) before this
         try:
             async with manager.run():
                 yield
@@ -104,5 +113,6 @@ def build_http_app(
             Route("/mcp", endpoint=mcp_endpoint),
             Route("/healthz", endpoint=healthz, methods=["GET"]),
         ],
+        middleware=[Middleware(HeaderGuard, limits=limits)],
         lifespan=lifespan,
     )

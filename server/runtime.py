@@ -16,6 +16,7 @@ import uvicorn
 from starlette.applications import Starlette
 
 from .config import ServeConfig
+from .connections import guarded_protocol
 from .handlers import StoreLike
 from .http_app import build_http_app
 from .mcp_app import build_mcp_server, spec_bindings
@@ -38,6 +39,7 @@ def create_app(config: ServeConfig) -> Starlette:
         host=config.host,
         stateless=config.effective_stateless,
         threads=config.threads,
+        limits=config.http_limits,
     )
 
 
@@ -47,6 +49,7 @@ def app_from_env() -> Starlette:
 
 
 def uvicorn_config(config: ServeConfig, app: Any, **extra: Any) -> uvicorn.Config:
+    """uvicorn settings; ``http=`` is the h11 protocol with read deadlines and a connection cap."""
     return uvicorn.Config(
         app,
         host=config.host,
@@ -57,6 +60,8 @@ def uvicorn_config(config: ServeConfig, app: Any, **extra: Any) -> uvicorn.Confi
         access_log=False,  # one log line per tool call would cost more than the call's bookkeeping
         lifespan="on",
         timeout_graceful_shutdown=10,
+        http=guarded_protocol(config.http_limits),
+        h11_max_incomplete_event_size=config.max_header_bytes,  # a header block still arriving
         **extra,
     )
 

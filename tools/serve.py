@@ -52,6 +52,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument(
         "--log-level", choices=["debug", "info", "warning", "error"], help="env LOGSTORE_LOG_LEVEL"
     )
+    # The limits operators size to their deployment; every other limit has only its LOGSTORE_* variable
+    # (docs/SECURITY.md lists them all).
+    p.add_argument(
+        "--max-connections", type=int, help="open HTTP connections per process (env LOGSTORE_MAX_CONNECTIONS)"
+    )
+    p.add_argument("--max-sessions", type=int, help="legacy-protocol sessions (env LOGSTORE_MAX_SESSIONS)")
+    p.add_argument(
+        "--max-sessions-per-site",
+        type=int,
+        help="sessions one site may hold (env LOGSTORE_MAX_SESSIONS_PER_SITE)",
+    )
+    p.add_argument(
+        "--session-idle-timeout",
+        type=float,
+        help="seconds before an idle session is closed (env LOGSTORE_SESSION_IDLE_TIMEOUT)",
+    )
     p.set_defaults(func=cmd_serve)
 
 
@@ -139,6 +155,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
             threads=args.threads,
             stateless=args.stateless,
             log_level=args.log_level,
+            max_connections=args.max_connections,
+            max_sessions=args.max_sessions,
+            max_sessions_per_site=args.max_sessions_per_site,
+            session_idle_timeout=args.session_idle_timeout,
         )
         if config.stdio and not is_valid_site(config.site):
             raise ValueError(f"invalid site name {config.site!r}: 1-64 characters from [A-Za-z0-9_-]")
