@@ -26,6 +26,7 @@ from .errors import (
     PayloadTooLarge,
     Timeout,
     Unavailable,
+    Unreadable,
 )
 from .models import ConversationListing, ConversationSummary, MemoryItem, SeqRange
 from .store import Store
@@ -48,4 +49,5 @@ __all__ = [
     "Store",
     "Timeout",
     "Unavailable",
+    "Unreadable",
 ]

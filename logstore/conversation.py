@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import msgspec
 
+from .batch import decode_item
 from .errors import ConversationFull, Corrupted, Io, Unavailable
 from .fileio import FileOps
 from .frame import Frame, Invalid, NeedMore, decode_frame, decode_header, encode_frame
@@ -50,7 +51,6 @@ from .scanner import ScanResult, read_frame_at, scan_log
 __all__ = ["ConversationLog", "AppendRequest", "CommitInfo", "ConversationPaths"]
 
 log = logging.getLogger("logstore")
-_decode_json = msgspec.json.Decoder().decode
 
 
 @dataclass(frozen=True, slots=True)
@@ -766,7 +766,7 @@ class ConversationLog:
             hi = min(stop - frame.first_seq, frame.count)
             for k in range(lo, hi):
                 try:
-                    payload = _decode_json(frame.items[k])
+                    payload = decode_item(frame.items[k], seq=frame.first_seq + k)  # or Unreadable
                 except msgspec.DecodeError as exc:  # CRC-valid but not JSON: written wrong, not rotted
                     raise self._corrupted((frame.offset, "item-not-json")) from exc
                 out.append(MemoryItem(frame.first_seq + k, at, payload))

@@ -4,7 +4,8 @@ Leaves are named exactly as the spec's MemoryError variants, so that the server 
 tool errors by ``.code`` in one place. ``.retryable`` is True only for Unavailable, Timeout and Io.
 
     LogstoreError                      (base; never raised itself)
-    ├── InvalidArgument                permanent: count > 1000, non-object item, bad offset, bad site...
+    ├── InvalidArgument                permanent: count > 1000, non-object item, bad offset, bad site...;
+    │                                  a payload rule (depth, non-finite number...): .index, .path
     │   └── InvalidCursor              permanent: malformed or tampered list cursor
     ├── InvalidConversationId          permanent; .reason: TooShort | TooLong | InvalidCharacters
     ├── EmptyBatch                     permanent
@@ -12,6 +13,7 @@ tool errors by ``.code`` in one place. ``.retryable`` is True only for Unavailab
     ├── BatchTooLarge                  permanent; .size
     ├── ConversationFull               permanent; .stored, .requested
     ├── Corrupted                      permanent; .path, .offset (byte offset of the bad frame)
+    ├── Unreadable                     permanent; .seq, .reason: a stored item no client could parse
     ├── Unavailable                    retryable: store closed, handle poisoned and not yet reopened
     ├── Timeout                        retryable: conversation lock not acquired within lock_timeout
     └── Io                             retryable: a write, fsync, read or rename failed (.errno)
@@ -29,6 +31,7 @@ __all__ = [
     "BatchTooLarge",
     "ConversationFull",
     "Corrupted",
+    "Unreadable",
     "Unavailable",
     "Timeout",
     "Io",
@@ -53,12 +56,20 @@ class LogstoreError(Exception):
 class InvalidArgument(LogstoreError):
     code = "InvalidArgument"
 
-    def __init__(self, message: str, *, field: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, field: str | None = None, index: int | None = None, path: str | None = None
+    ) -> None:
         super().__init__(message)
         self.field = field
+        self.index, self.path = index, path  # which item, and where inside it (e.g. "$.a[2]")
 
     def details(self) -> dict[str, object]:
-        return {"field": self.field} if self.field else {}
+        out: dict[str, object] = {"field": self.field} if self.field else {}
+        if self.index is not None:
+            out["index"] = self.index
+        if self.path is not None:
+            out["path"] = self.path
+        return out
 
 
 class InvalidCursor(InvalidArgument):
@@ -128,6 +139,23 @@ class Corrupted(LogstoreError):
     def details(self) -> dict[str, object]:
         # The file name is operator information; the offset is what the spec promises clients.
         return {"offset": self.offset}
+
+
+class Unreadable(LogstoreError):
+    """A stored item that cannot be returned, because no client could parse it: data written before a
+    payload rule existed (e.g. nested deeper than ``MAX_PAYLOAD_DEPTH``). The log itself is intact
+    (``logstore export`` still reads it); reading past ``seq`` works."""
+
+    code = "Unreadable"
+    REASONS = ("TooDeep", "NumberOutOfRange")
+
+    def __init__(self, message: str, *, seq: int, reason: str) -> None:
+        assert reason in self.REASONS, reason
+        super().__init__(message)
+        self.seq, self.reason = seq, reason
+
+    def details(self) -> dict[str, object]:
+        return {"seq": self.seq, "reason": self.reason}
 
 
 class Unavailable(LogstoreError):

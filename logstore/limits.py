@@ -12,6 +12,8 @@ __all__ = [
     "MAX_READ_COUNT",
     "DEFAULT_RECALL_COUNT",
     "DEFAULT_LIST_LIMIT",
+    "MAX_PAYLOAD_DEPTH",
+    "MAX_INT_DIGITS",
 ]
 
 ID_MIN_LEN = 8
@@ -23,3 +25,24 @@ MAX_CONVERSATION_ITEMS = 100_000
 MAX_READ_COUNT = 1000  # recall count, replay limit, list limit
 DEFAULT_RECALL_COUNT = 50
 DEFAULT_LIST_LIMIT = 50
+
+# Nesting depth of one item: the item object is level 1, each object or array inside adds one
+# ({"a": [1]} is 2). Chosen well below the lowest ceiling measured on the way back to a client, so that
+# everything accepted can be served and parsed (payload depth, mcp 2.3.0 / pydantic-core 2.50.5, both
+# protocol eras; tests/test_payload_ceilings.py re-measures them in-process on every run):
+#   196   Python SDK client parsing a recall/replay response (pydantic-core's JSON recursion limit, 200
+#         for the whole message)                                               <- the lowest
+#   197   server parsing a legacy-era request (same parser)
+#   252   server serialising a tool result (pydantic's serialisation depth limit; deeper: -32603 or
+#         JSON-RPC code 0 with the exception text)
+#   254   Python SDK client serialising a 2026-07-28 request
+#   965   server parsing a 2026-07-28 request (stdlib json, bounded by the recursion limit)
+#   >100,000  TypeScript SDK 1.x client parsing a response (V8's JSON.parse; none found up to 100,000)
+# 128 leaves 68 levels of margin under 196 for SDK changes to the envelope around a payload.
+MAX_PAYLOAD_DEPTH = 128
+
+# Integers of any size round-trip exactly up to Python's default int<->str limit
+# (sys.int_info.default_max_str_digits): msgspec refuses to decode longer ones, and the server's JSON
+# parsers refuse them in a request (JSON-RPC -32700) in both eras. Checked here so that a process that
+# raised the limit still cannot store what no other process can read back.
+MAX_INT_DIGITS = 4300

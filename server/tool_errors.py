@@ -11,9 +11,11 @@ is true, and an error body can never match ``AppendMemoryResponse`` and friends 
 schema-mismatch protocol error and never show the agent the real error. The Python SDK parses either way.
 
 ``code`` is the spec's error name (or ``InvalidArgument`` / ``InvalidCursor`` / ``UnknownTool`` for
-argument errors the spec leaves unnamed), ``retryable`` follows the engine (true only for Unavailable,
-Timeout, Io). Details are the engine's client-safe fields (``reason`` for InvalidConversationId, ``offset``
-for Corrupted, sizes and limits for the size errors).
+argument errors the spec leaves unnamed, ``Unreadable`` for a stored item no client could parse),
+``retryable`` follows the engine (true only for Unavailable, Timeout, Io). Details are the engine's
+client-safe fields (``reason`` for InvalidConversationId, ``offset`` for Corrupted, ``seq`` and ``reason``
+for Unreadable, sizes and limits for the size errors, ``index`` and ``path`` for a payload rule broken
+inside an item).
 
 For operational errors the engine's message may name files or OS errors, so clients get a fixed message
 and the engine's text goes to the server log. Anything that is not a ``LogstoreError`` is a bug or an
