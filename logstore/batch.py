@@ -32,12 +32,14 @@ from .errors import BatchTooLarge, EmptyBatch, InvalidArgument, PayloadTooLarge,
 from .frame import encode_items
 from .limits import MAX_BATCH_BYTES, MAX_BATCH_ITEMS, MAX_INT_DIGITS, MAX_ITEM_BYTES, MAX_PAYLOAD_DEPTH
 
-__all__ = ["encode_batch", "encode_item", "check_item", "decode_item"]
+__all__ = ["encode_batch", "encode_item", "decode_item"]
 
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _INT_BOUND = 10**MAX_INT_DIGITS  # exclusive: at most MAX_INT_DIGITS digits
+_NEG_INT_BOUND = -_INT_BOUND
+_NUMBERS = (float, int)
 _KEY_SHOWN = 32  # longest key quoted in a path; longer ones are cut (a key may be 256 KiB)
 _PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _NON_FINITE = "a non-finite number (NaN, Infinity, or beyond +-1.8e308 like 1e400), which JSON cannot hold"
@@ -59,55 +61,68 @@ def _fail(what: str) -> NoReturn:
     raise _Reject(what)
 
 
-def _check_keys(node: dict[Any, Any]) -> None:
-    for key in node:
-        if type(key) is str and key.isascii():
-            continue
-        if not isinstance(key, str):  # the path names the object holding the key
-            _fail(f"an object has a key of type {type(key).__name__}; keys must be strings")
-        if _SURROGATE.search(key) is not None:
-            exc = _Reject(_SURROGATE_IN.format("the key"))
-            exc.path.append(key)
-            raise exc
+def _check_key(key: Any, strings: bool) -> None:
+    if not isinstance(key, str):
+        _fail(f"an object has a key of type {type(key).__name__}; keys must be strings")
+    if strings and _SURROGATE.search(key) is not None:
+        _fail(_SURROGATE_IN.format("the key"))
 
 
-def _walk(node: dict[Any, Any] | list[Any] | tuple[Any, ...], depth: int) -> None:
-    """Check one container at nesting level ``depth`` and everything below it."""
+def _numbers_ok(node: list[Any] | tuple[Any, ...]) -> bool:
+    """True if ``node`` is all finite floats or all ints of at most ``MAX_INT_DIGITS`` digits, vouched for
+    by C loops: number arrays such as embeddings cost a fraction of the element loop. False
+    means "look at each element"."""
+    kinds = set(map(type, node))
+    if kinds == {float}:
+        return math.isfinite(sum(node))  # inf and nan propagate; an overflow of finite values falls back
+    return kinds == {int} and min(node) > _NEG_INT_BOUND and max(node) < _INT_BOUND
+
+
+def _walk(node: dict[Any, Any] | list[Any] | tuple[Any, ...], depth: int, strings: bool) -> None:
+    """Check one container at nesting level ``depth`` and everything below it.
+
+    Strings are searched for lone surrogates only with ``strings``: msgspec's UTF-8 encoder refuses to
+    write them anyway, and when it does, the walk with ``strings`` finds where. Non-ASCII text then
+    costs nothing here."""
     if depth > MAX_PAYLOAD_DEPTH:
         _fail(_TOO_DEEP)
-    if isinstance(node, dict):
-        _check_keys(node)
-        pairs: Any = node.items()
-    else:
-        pairs = enumerate(node)
-    for where, value in pairs:
+    is_dict = isinstance(node, dict)
+    if not is_dict and len(node) >= 16 and type(node[0]) in _NUMBERS and _numbers_ok(node):
+        return
+    for where, value in node.items() if is_dict else enumerate(node):
         try:
+            if is_dict and (type(where) is not str or (strings and not where.isascii())):
+                _check_key(where, strings)
             kind = type(value)
-            # The common exact types inline (this loop is the whole cost); the rest in _check_other.
+            # The exact JSON types inline (this loop is the whole cost); anything else in _check_other.
             if kind is str:
-                if not value.isascii() and _SURROGATE.search(value) is not None:
+                if strings and not value.isascii() and _SURROGATE.search(value) is not None:
                     _fail(_SURROGATE_IN.format("a string"))
             elif kind is int:
-                if not -_INT_BOUND < value < _INT_BOUND:
+                if not _NEG_INT_BOUND < value < _INT_BOUND:
                     _fail(_BIG_INT)
             elif kind is dict or kind is list:
-                _walk(value, depth + 1)
+                _walk(value, depth + 1, strings)
+            elif kind is float:
+                if value - value != 0.0:  # inf - inf and nan - nan are nan; a finite x - x is 0.0
+                    _fail(_NON_FINITE)
             elif kind is not bool and value is not None:
-                _check_other(value, depth)
+                _check_other(value, depth, strings)
         except _Reject as exc:
-            exc.path.append(where)
+            if not is_dict or isinstance(where, str):  # a bad key type names the object holding it
+                exc.path.append(where)
             raise
 
 
-def _check_other(value: Any, depth: int) -> None:
-    """Floats, subclasses of the JSON types, and tuples (stored as the JSON they are); nothing else."""
-    if isinstance(value, float):
+def _check_other(value: Any, depth: int, strings: bool) -> None:
+    """Subclasses of the JSON types, and tuples (stored as the JSON they are); nothing else."""
+    if isinstance(value, (dict, list, tuple)):
+        _walk(value, depth + 1, strings)
+    elif isinstance(value, float):
         if not math.isfinite(value):
             _fail(_NON_FINITE)
-    elif isinstance(value, (dict, list, tuple)):
-        _walk(value, depth + 1)
-    elif isinstance(value, int):  # bool subclasses included: stored as their JSON value
-        if not -_INT_BOUND < value < _INT_BOUND:
+    elif isinstance(value, int):  # IntEnum and the like: stored as their number
+        if not _NEG_INT_BOUND < value < _INT_BOUND:
             _fail(_BIG_INT)
     elif isinstance(value, str):
         if _SURROGATE.search(value) is not None:
@@ -132,50 +147,55 @@ def _render(path: list[str | int]) -> str:
     return out
 
 
-def _check(item: dict[Any, Any]) -> tuple[str, str] | None:
-    """(path, what is wrong) for the first broken rule in ``item``, or None."""
+def _check(item: dict[Any, Any], *, strings: bool = True) -> tuple[str, str] | None:
+    """(path, what is wrong) for the first broken rule in ``item``, or None (``strings``: see ``_walk``)."""
     try:
-        _walk(item, 1)
+        _walk(item, 1, strings)
     except _Reject as exc:
         return _render(exc.path), exc.what
     return None
 
 
-def check_item(item: Any, index: int) -> None:
-    """Raise ``InvalidArgument`` (with index and path) unless ``item`` can be stored verbatim."""
+def encode_item(item: Any, index: int) -> bytes:
+    """Compact UTF-8 JSON of one item, exactly the bytes stored (and the size the limits count), or
+    ``InvalidArgument`` naming the index and the path of the first rule the item breaks."""
     if not isinstance(item, dict):
         raise InvalidArgument(
             f"items[{index}] must be a JSON object, got {type(item).__name__}", field="items", index=index
         )
-    broken = _check(item)
-    if broken is not None:
-        path, what = broken
-        raise InvalidArgument(f"items[{index}] at {path}: {what}", field="items", index=index, path=path)
-
-
-def encode_item(item: Any, index: int) -> bytes:
-    """Compact UTF-8 JSON of one item, exactly the bytes stored (and the size the limits count)."""
-    check_item(item, index)
-    try:
-        return _encode(item)
-    except (TypeError, OverflowError, ValueError, RecursionError) as exc:
-        # Not reachable for an item the walk passed, short of a Python stack already ~900 frames deep.
-        raise InvalidArgument(f"items[{index}] is not JSON-serialisable", field="items", index=index) from exc
+    broken = _check(item, strings=False)
+    if broken is None:
+        try:
+            return _encode(item)
+        except (TypeError, ValueError, OverflowError, RecursionError) as exc:
+            # A lone surrogate (the walk with strings says where); nothing else is reachable for an item
+            # the walk passed, short of a Python stack already ~900 frames deep.
+            broken = _check(item)
+            if broken is None:
+                raise InvalidArgument(
+                    f"items[{index}] is not JSON-serialisable", field="items", index=index
+                ) from exc
+    path, what = broken
+    raise InvalidArgument(f"items[{index}] at {path}: {what}", field="items", index=index, path=path)
 
 
 def decode_item(raw: bytes, *, seq: int) -> Any:
     """A stored item's payload, or ``Unreadable`` if no client could parse it (written before a rule
     existed). Bytes that are not JSON at all raise ``msgspec.DecodeError`` (the caller knows the offset).
 
-    An item with at most ``MAX_PAYLOAD_DEPTH`` brackets cannot be nested deeper than that; counting them is
-    a C loop over bytes, so the walk runs only for the rare item with many."""
+    Nesting deeper than ``MAX_PAYLOAD_DEPTH`` needs more than that many brackets (and twice as many
+    bytes); counting them is a C loop, so the walk runs only for the few items with many containers."""
     try:
         payload = _decode(raw)
     except RecursionError as exc:
         raise _unreadable(seq, "TooDeep", _TOO_DEEP) from exc
     except msgspec.ValidationError as exc:  # valid JSON, but a number the decoder refuses
         raise _unreadable(seq, "NumberOutOfRange", _BIG_INT) from exc
-    if raw.count(b"[") + raw.count(b"{") > MAX_PAYLOAD_DEPTH and _check(payload) is not None:
+    if (
+        len(raw) > 2 * MAX_PAYLOAD_DEPTH
+        and raw.count(b"[") + raw.count(b"{") > MAX_PAYLOAD_DEPTH
+        and _check(payload, strings=False) is not None  # decoded JSON breaks no other rule
+    ):
         raise _unreadable(seq, "TooDeep", _TOO_DEEP)
     return payload
 

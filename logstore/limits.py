@@ -41,8 +41,9 @@ DEFAULT_LIST_LIMIT = 50
 # 128 leaves 68 levels of margin under 196 for SDK changes to the envelope around a payload.
 MAX_PAYLOAD_DEPTH = 128
 
-# Integers of any size round-trip exactly up to Python's default int<->str limit
-# (sys.int_info.default_max_str_digits): msgspec refuses to decode longer ones, and the server's JSON
-# parsers refuse them in a request (JSON-RPC -32700) in both eras. Checked here so that a process that
-# raised the limit still cannot store what no other process can read back.
-MAX_INT_DIGITS = 4300
+# Integers of any size round-trip exactly below 10**4299. Python's int<->str limit
+# (sys.int_info.default_max_str_digits = 4300) bounds every reader: the server's JSON parsers refuse longer
+# literals in a request (JSON-RPC -32700, both eras), and msgspec's decoder counts the minus sign against
+# it, so -(10**4299), 4300 digits, would be written but never read back. Checked by the payload walk, not
+# left to the encoder, which also writes whatever a process that raised the limit hands it.
+MAX_INT_DIGITS = 4299

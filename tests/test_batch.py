@@ -1,12 +1,32 @@
-"""Batch validation and ids: the spec's limits counted on compact JSON bytes; id rules with every reason."""
+"""Batch validation and ids: the spec's limits counted on compact JSON bytes; id rules with every reason;
+the payload rules (depth, numbers, strings, types: stored verbatim or rejected) and their read-side twin."""
 
 from __future__ import annotations
 
+import collections
+import datetime
+import decimal
+import enum
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import msgspec
 import pytest
 
-from logstore import BatchTooLarge, EmptyBatch, InvalidArgument, InvalidConversationId, PayloadTooLarge
-from logstore.batch import encode_batch, encode_item
+from logstore import (
+    BatchTooLarge,
+    EmptyBatch,
+    InvalidArgument,
+    InvalidConversationId,
+    PayloadTooLarge,
+    Unreadable,
+)
+from logstore.batch import decode_item, encode_batch, encode_item
+from logstore.frame import encode_items
 from logstore.ids import is_valid_site, validate_conversation_id, validate_site
+from logstore.limits import MAX_INT_DIGITS, MAX_PAYLOAD_DEPTH
 
 
 def test_item_size_is_compact_json_bytes():
@@ -42,3 +62,215 @@ def test_ids():
     assert validate_site("local") == "local" and is_valid_site("a") and not is_valid_site("")
     with pytest.raises(InvalidArgument):
         validate_site("a:b")
+
+
+# --- payload rules: stored verbatim or rejected with the item's index and the JSON path -------------------
+
+
+def nested_list(depth: int) -> dict[str, Any]:
+    """An item nested exactly ``depth`` levels deep: the item object is level 1, each array one more."""
+    value: list[Any] = []
+    for _ in range(depth - 2):
+        value = [value]
+    return {"d": value}
+
+
+def nested_dict(depth: int) -> dict[str, Any]:
+    value: dict[str, Any] = {}
+    for _ in range(depth - 2):
+        value = {"k": value}
+    return {"d": value}
+
+
+def rejection(item: Any, *, index: int = 0) -> InvalidArgument:
+    batch = [{"ok": 1}] * index + [item]
+    with pytest.raises(InvalidArgument) as info:
+        encode_batch(batch)
+    err = info.value
+    assert err.code == "InvalidArgument" and err.field == "items" and err.index == index
+    assert err.details() == {"field": "items", "index": index, "path": err.path}
+    assert err.message.startswith(f"items[{index}] at {err.path}: ")
+    return err
+
+
+@pytest.mark.parametrize("make", [nested_list, nested_dict])
+def test_depth_limit_is_exact(make):
+    assert MAX_PAYLOAD_DEPTH == 128
+    raw = encode_item(make(MAX_PAYLOAD_DEPTH), 0)
+    assert msgspec.json.decode(raw) == make(MAX_PAYLOAD_DEPTH)
+    err = rejection(make(MAX_PAYLOAD_DEPTH + 1), index=2)
+    # The path leads to the container at level 129: $.d, then 127 more steps.
+    step = "[0]" if make is nested_list else ".k"
+    assert err.path == "$.d" + step * (MAX_PAYLOAD_DEPTH - 1)
+    assert f"nesting deeper than {MAX_PAYLOAD_DEPTH} levels" in err.message
+
+
+def test_depth_far_beyond_the_encoders_recursion_limit_is_a_clean_rejection():
+    """msgspec raises RecursionError near depth 1000; the walk stops at 129 whatever the depth."""
+    for depth in (1_000, 100_000):
+        err = rejection(nested_list(depth))
+        assert err.path.count("[0]") == MAX_PAYLOAD_DEPTH - 1
+
+
+@pytest.mark.parametrize(
+    ("value", "where"),
+    [
+        (math.inf, "$.x"),
+        (-math.inf, "$.x"),
+        (math.nan, "$.x"),
+        (float("1e400"), "$.x"),  # what a JSON parser makes of the literal 1e400
+        ([1.5, 2.5, math.nan], "$.x[2]"),
+        ([0.5] * 40 + [math.inf] + [0.5] * 40, "$.x[40]"),  # a number array takes the bulk check
+        ({"a": [{"b": -math.inf}]}, "$.x.a[0].b"),
+        ((1.0, math.inf), "$.x[1]"),
+    ],
+)
+def test_non_finite_numbers_are_rejected_not_stored_as_null(value, where):
+    err = rejection({"ok": True, "x": value}, index=1)
+    assert err.path == where and "non-finite number" in err.message
+
+
+def test_finite_number_arrays_and_edge_floats_round_trip():
+    item = {
+        "embedding": [i / 7 for i in range(1536)],
+        "ints": list(range(-50, 50)),
+        "huge": [1.7976931348623157e308] * 20,  # their sum overflows: the per-element check decides
+        "edges": [5e-324, -0.0, 1e-7, 1e308],
+    }
+    assert msgspec.json.decode(encode_item(item, 0)) == item
+
+
+def test_integers_beyond_64_bits_round_trip_exactly():
+    values = [2**63, 2**64 - 1, 2**64, -(2**64) - 1, 2**70, -(2**200), 10**4298, -(10**4298)]
+    item = {"v": values, "one": 10**4298}
+    decoded = msgspec.json.decode(encode_item(item, 0))
+    assert decoded == item and all(type(v) is int for v in decoded["v"])
+
+
+@pytest.mark.parametrize("raised_limit", [False, True])
+def test_integers_of_more_than_4299_digits_are_rejected(raised_limit):
+    """-(10**4299) has 4300 digits: msgspec writes it but its decoder (counting the sign against Python's
+    4300-character limit) never reads it back. And a process that lifted the limit would write anything."""
+    previous = sys.get_int_max_str_digits()
+    if raised_limit:
+        sys.set_int_max_str_digits(0)
+    try:
+        assert len(str(10**4298)) == MAX_INT_DIGITS
+        err = rejection({"a": [1, {"n": -(10**MAX_INT_DIGITS)}]})
+        assert err.path == "$.a[1].n" and f"more than {MAX_INT_DIGITS} digits" in err.message
+        err = rejection({"a": [10**MAX_INT_DIGITS] * 20})  # a number array takes the bulk check
+        assert err.path == "$.a[0]"
+        err = rejection({"a": [10**5000]})
+        assert err.path == "$.a[0]"
+    finally:
+        sys.set_int_max_str_digits(previous)
+
+
+def test_lone_surrogates_are_rejected_with_an_ascii_path():
+    err = rejection({"t": ["fine", "a\ud800b"]})
+    assert err.path == "$.t[1]" and "lone UTF-16 surrogate" in err.message
+    err = rejection({"ok": {"k\udfff": 1}})
+    assert err.path == '$.ok["k\\udfff"]' and err.message.isascii()
+    # A valid pair is one character to Python; non-ASCII text is stored as UTF-8.
+    assert encode_item({"e": "\U0001f600 é 日本"}, 0) == '{"e":"😀 é 日本"}'.encode()
+
+
+@pytest.mark.parametrize(
+    ("item", "where", "words"),
+    [
+        ({"a": {1: "x"}}, "$.a", "key of type int"),
+        ({"a": [{"ok": 1, None: 2}]}, "$.a[0]", "key of type NoneType"),
+        ({"when": datetime.datetime(2026, 1, 1)}, "$.when", "a datetime, which is not a JSON value"),
+        ({"d": [decimal.Decimal("1.5")]}, "$.d[0]", "a Decimal"),
+        ({"s": {1, 2}}, "$.s", "a set"),
+        ({"b": b"bytes"}, "$.b", "a bytes"),
+        ({"o": object()}, "$.o", "a object"),
+    ],
+)
+def test_values_that_would_be_stored_as_something_else_are_rejected(item, where, words):
+    err = rejection(item)
+    assert err.path == where and words in err.message
+
+
+def test_subclasses_and_tuples_are_stored_as_the_json_they_are():
+    class Colour(enum.IntEnum):
+        RED = 1
+
+    item = {"c": Colour.RED, "t": (1, "two"), "o": collections.OrderedDict(a=1), "s": Path("x").name}
+    assert encode_item(item, 0) == b'{"c":1,"t":[1,"two"],"o":{"a":1},"s":"x"}'
+
+
+def test_paths_quote_odd_keys_and_cut_long_ones():
+    err = rejection({"a b": {"x" * 100: {"é": [math.nan]}}})
+    assert err.path == '$["a b"]["' + "x" * 32 + '..."]["\\u00e9"][0]'
+
+
+def test_python_api_rejects_and_stores_nothing(store):
+    cid = "conv-payload-rules"
+    store.append("local", cid, [{"n": 0}])
+    for bad in ({"x": math.inf}, nested_list(MAX_PAYLOAD_DEPTH + 1), {"x": [math.nan]}):
+        with pytest.raises(InvalidArgument) as info:
+            store.append("local", cid, [{"fine": 1}, bad])
+        assert info.value.index == 1 and info.value.path
+    assert [m.payload for m in store.replay("local", cid, limit=10)] == [{"n": 0}]
+    store.append("local", cid, [nested_dict(MAX_PAYLOAD_DEPTH), {"big": 2**70}])
+    assert [m.payload for m in store.replay("local", cid, offset=1, limit=10)] == [
+        nested_dict(MAX_PAYLOAD_DEPTH),
+        {"big": 2**70},
+    ]
+
+
+# --- the read side: whatever is stored reads back, or is Unreadable naming its seq ----------------------
+
+
+def test_decode_item():
+    assert decode_item(encode_item(nested_list(MAX_PAYLOAD_DEPTH), 0), seq=0) == nested_list(
+        MAX_PAYLOAD_DEPTH
+    )
+    cases = [
+        (msgspec.json.encode(nested_list(300)), "TooDeep"),  # what the server accepted before the limit
+        (b'{"d":' + b"[" * 5000 + b"]" * 5000 + b"}", "TooDeep"),  # beyond msgspec's recursion limit
+        (b'{"n":-1' + b"0" * MAX_INT_DIGITS + b"}", "NumberOutOfRange"),  # stored before the check
+    ]
+    for raw, reason in cases:
+        with pytest.raises(Unreadable) as info:
+            decode_item(raw, seq=41)
+        err = info.value
+        assert (err.code, err.seq, err.reason, err.retryable) == ("Unreadable", 41, reason, False)
+        assert err.details() == {"seq": 41, "reason": reason} and "from seq 42" in err.message
+    # Many containers but shallow: read back (the walk runs and finds nothing).
+    shallow = {"rows": [{"a": [1], "b": {}} for _ in range(500)]}
+    assert decode_item(msgspec.json.encode(shallow), seq=0) == shallow
+    with pytest.raises(msgspec.DecodeError):  # not JSON at all: the caller reports Corrupted at the frame
+        decode_item(b'{"a":', seq=0)
+
+
+def store_unchecked(monkeypatch, store, site, cid, items):
+    """Append the way versions before the payload rules did: plain msgspec encoding, no checks."""
+    import logstore.store
+
+    def old_encode_batch(batch):
+        return encode_items([msgspec.json.encode(item) for item in batch]), len(batch)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(logstore.store, "encode_batch", old_encode_batch)
+        return store.append(site, cid, items)
+
+
+def test_too_deep_old_data_reads_as_unreadable_naming_the_seq(store, monkeypatch):
+    cid = "conv-old-deep"
+    store.append("local", cid, [{"n": 0}, {"n": 1}])
+    assert store_unchecked(monkeypatch, store, "local", cid, [nested_list(300)]).first == 2
+    store.append("local", cid, [{"n": 3}])
+    for read in (
+        lambda: store.recall("local", cid),
+        lambda: store.replay("local", cid, offset=0, limit=10),
+        lambda: store.replay("local", cid, offset=2, limit=1),
+    ):
+        with pytest.raises(Unreadable) as info:
+            read()
+        assert (info.value.seq, info.value.reason) == (2, "TooDeep")
+    # Reading around it works: before it, and past it from seq + 1.
+    assert [m.payload for m in store.replay("local", cid, offset=0, limit=2)] == [{"n": 0}, {"n": 1}]
+    assert [m.payload for m in store.replay("local", cid, offset=3, limit=10)] == [{"n": 3}]
+    assert [m.payload for m in store.recall("local", cid, count=1)] == [{"n": 3}]
