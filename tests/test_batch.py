@@ -245,22 +245,22 @@ def test_decode_item():
         decode_item(b'{"a":', seq=0)
 
 
-def store_unchecked(monkeypatch, store, site, cid, items):
+def store_unchecked(store, site, cid, items):
     """Append the way versions before the payload rules did: plain msgspec encoding, no checks."""
     import logstore.store
 
     def old_encode_batch(batch):
         return encode_items([msgspec.json.encode(item) for item in batch]), len(batch)
 
-    with monkeypatch.context() as patch:
+    with pytest.MonkeyPatch.context() as patch:
         patch.setattr(logstore.store, "encode_batch", old_encode_batch)
         return store.append(site, cid, items)
 
 
-def test_too_deep_old_data_reads_as_unreadable_naming_the_seq(store, monkeypatch):
+def test_too_deep_old_data_reads_as_unreadable_naming_the_seq(store):
     cid = "conv-old-deep"
     store.append("local", cid, [{"n": 0}, {"n": 1}])
-    assert store_unchecked(monkeypatch, store, "local", cid, [nested_list(300)]).first == 2
+    assert store_unchecked(store, "local", cid, [nested_list(300)]).first == 2
     store.append("local", cid, [{"n": 3}])
     for read in (
         lambda: store.recall("local", cid),

@@ -15,6 +15,7 @@ import subprocess
 import pytest
 from filelock import FileLock
 
+from logstore.limits import MAX_PAYLOAD_DEPTH
 from server.credentials import CredentialsFile
 from tests.server_support import REPO, serve
 
@@ -49,7 +50,7 @@ def test_typescript_sdk_calls_all_four_tools(tmp_path):
     CredentialsFile(str(tmp_path)).add("alpha", "alpha pw: with colon")
     with serve(tmp_path) as server:
         ran = subprocess.run(
-            [NODE, "client.mjs", server.url, "alpha", "alpha pw: with colon"],
+            [NODE, "client.mjs", server.url, "alpha", "alpha pw: with colon", str(MAX_PAYLOAD_DEPTH)],
             cwd=TS_DIR,
             capture_output=True,
             text=True,
@@ -84,3 +85,14 @@ def test_typescript_sdk_calls_all_four_tools(tmp_path):
     assert out["error"]["isError"] is True
     err = json.loads(out["error"]["text"])["error"]
     assert (err["code"], err["reason"], err["retryable"]) == ("InvalidConversationId", "TooShort", False)
+
+    # An item at the depth limit round-trips through this client too; one level more is rejected.
+    deep = out["deep"]
+    assert deep["append"]["structuredContent"] == {"first_seq": 0, "last_seq": 0}
+    level, depth = deep["recall"]["structuredContent"]["items"][0]["payload"]["d"], 2
+    while level:
+        level, depth = level[0], depth + 1
+    assert depth == MAX_PAYLOAD_DEPTH
+    err = json.loads(deep["over"]["text"])["error"]
+    assert deep["over"]["isError"] and (err["code"], err["index"]) == ("InvalidArgument", 1)
+    assert err["path"] == "$.d" + "[0]" * (MAX_PAYLOAD_DEPTH - 1)

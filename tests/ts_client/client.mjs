@@ -1,9 +1,10 @@
 // Calls all four logstore tools through the official TypeScript MCP SDK over streamable HTTP with Basic
-// auth, and prints one JSON object with what came back. Usage: node client.mjs URL SITE PASSWORD
+// auth, and prints one JSON object with what came back. Usage: node client.mjs URL SITE PASSWORD [DEPTH]
+// With DEPTH, also appends and reads back an item nested exactly DEPTH levels deep, and tries DEPTH + 1.
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
 
-const [url, site, password] = process.argv.slice(2);
+const [url, site, password, depthArg] = process.argv.slice(2);
 const authorization = "Basic " + Buffer.from(`${site}:${password}`).toString("base64");
 const transport = new StreamableHTTPClientTransport(new URL(url), {
   requestInit: { headers: { Authorization: authorization } },
@@ -28,6 +29,16 @@ const out = {
   list: await call("list_conversations", { limit: 1000 }),
   error: await call("append_memory", { conversation_id: "short", items: [{}] }),
 };
+if (depthArg) {
+  // The item object is level 1; {"d": [[...]]} with DEPTH - 1 arrays.
+  const nested = (depth) => ({ d: JSON.parse("[".repeat(depth - 1) + "]".repeat(depth - 1)) });
+  const deep_id = `${conversation_id}-deep`;
+  out.deep = {
+    append: await call("append_memory", { conversation_id: deep_id, items: [nested(Number(depthArg))] }),
+    recall: await call("recall_memory", { conversation_id: deep_id }),
+    over: await call("append_memory", { conversation_id: deep_id, items: [{}, nested(Number(depthArg) + 1)] }),
+  };
+}
 await transport.terminateSession();
 await client.close();
 process.stdout.write(JSON.stringify(out) + "\n");
