@@ -14,6 +14,8 @@ from typing import Any
 
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from logstore import (
     BatchTooLarge,
@@ -23,7 +25,7 @@ from logstore import (
     PayloadTooLarge,
     Unreadable,
 )
-from logstore.batch import decode_item, encode_batch, encode_item
+from logstore.batch import _shallow, decode_item, encode_batch, encode_item
 from logstore.frame import encode_items
 from logstore.ids import is_valid_site, validate_conversation_id, validate_site
 from logstore.limits import MAX_INT_DIGITS, MAX_PAYLOAD_DEPTH
@@ -245,6 +247,26 @@ def test_decode_item():
         decode_item(b'{"a":', seq=0)
 
 
+def test_read_side_shortcut_decides_from_bytes_alone():
+    def alternating(depth: int) -> dict[str, Any]:  # {"d": {"k": [{"k": ...}]}}: a pass strips two levels
+        value: Any = []
+        for level in range(depth - 2):
+            value = [value] if level % 2 else {"k": value}
+        return {"d": value}
+
+    raw = msgspec.json.encode
+    assert depth_of(alternating(MAX_PAYLOAD_DEPTH)) == MAX_PAYLOAD_DEPTH
+    assert _shallow(raw(alternating(MAX_PAYLOAD_DEPTH)))
+    assert not _shallow(raw(alternating(MAX_PAYLOAD_DEPTH + 1)))
+    assert _shallow(raw(nested_list(64)))  # one level per pass: 63 passes
+    deep = {**nested_list(MAX_PAYLOAD_DEPTH), "e": [[], {}]}  # more openers than the limit
+    assert not _shallow(raw(deep))  # and 127 passes needed: undecided, the walk reads it back
+    assert decode_item(raw(deep), seq=0) == deep
+    many = {"rows": [{"a": [1], "b": {"c": 'x"y\\'}} for _ in range(200)]}
+    assert _shallow(raw(many))  # escaped quotes and backslashes do not confuse the skeleton
+    assert not _shallow(raw({**many, "s": "]]"}))  # a string holding brackets: undecided
+
+
 def store_unchecked(store, site, cid, items):
     """Append the way versions before the payload rules did: plain msgspec encoding, no checks."""
     import logstore.store
@@ -274,3 +296,50 @@ def test_too_deep_old_data_reads_as_unreadable_naming_the_seq(store):
     assert [m.payload for m in store.replay("local", cid, offset=0, limit=2)] == [{"n": 0}, {"n": 1}]
     assert [m.payload for m in store.replay("local", cid, offset=3, limit=10)] == [{"n": 3}]
     assert [m.payload for m in store.recall("local", cid, count=1)] == [{"n": 3}]
+
+
+def depth_of(value: Any) -> int:
+    """Reference: levels of nesting, a container being one level more than its deepest child."""
+    if isinstance(value, dict):
+        return 1 + max((depth_of(v) for v in value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max((depth_of(v) for v in value), default=0)
+    return 0
+
+
+# Strings with quotes and backslashes (escaped in the JSON text), some also with brackets.
+_tricky_text = st.text(alphabet='"\\ab\n', max_size=6) | st.text(alphabet='[]{}"\\a', max_size=4)
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | _tricky_text,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_tricky_text, inner, max_size=3),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    inner=_json,
+    extra=st.integers(min_value=0, max_value=140),
+    wraps=st.lists(st.sampled_from(["[]", "{}", 'k]\\"']), min_size=1, max_size=3),
+    tail=st.sampled_from([None, "plain", '"[{\\']),
+    siblings=st.integers(min_value=0, max_value=150),
+)
+def test_read_side_depth_check_is_exact(inner, extra, wraps, tail, siblings):
+    """decode_item agrees with the reference depth, whatever brackets, quotes and escapes strings hold; the
+    byte-level shortcut (_shallow) never calls a too-deep item shallow."""
+    value = inner
+    for level in range(extra):
+        wrap = wraps[level % len(wraps)]
+        value = [value] if wrap == "[]" else {"k" if wrap == "{}" else wrap: value}
+    item = {"d": value, "e": [[]] * siblings}  # siblings: many brackets, no depth
+    if tail is not None:
+        item["s"] = tail
+    raw = msgspec.json.encode(item)
+    depth = depth_of(item)
+    if _shallow(raw):
+        assert depth <= MAX_PAYLOAD_DEPTH
+    if depth <= MAX_PAYLOAD_DEPTH:
+        assert decode_item(raw, seq=7) == item
+    else:
+        with pytest.raises(Unreadable):
+            decode_item(raw, seq=7)
