@@ -36,7 +36,7 @@ DEFAULT_LIST_LIMIT = 50
 #   252   server serialising a tool result (pydantic's serialisation depth limit; deeper: -32603 or
 #         JSON-RPC code 0 with the exception text)
 #   254   Python SDK client serialising a 2026-07-28 request
-#   965   server parsing a 2026-07-28 request (stdlib json, bounded by the recursion limit)
+#   ~960  server parsing a 2026-07-28 request (stdlib json: the recursion limit less the stack in use)
 #   >100,000  TypeScript SDK 1.x client parsing a response (V8's JSON.parse; none found up to 100,000)
 # 128 leaves 68 levels of margin under 196 for SDK changes to the envelope around a payload.
 MAX_PAYLOAD_DEPTH = 128

@@ -89,7 +89,7 @@ def client_serialises_request(depth: int) -> None:
         (legacy_server_parses_request, 197),
         (server_serialises_result, 252),
         (client_serialises_request, 254),
-        (modern_server_parses_request, None),  # ~965-990: the recursion limit minus the stack in use
+        (modern_server_parses_request, None),  # ~960-990: the recursion limit less the stack in use
     ],
 )
 def test_every_step_handles_the_limit_with_margin(step, measured):

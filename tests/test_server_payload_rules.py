@@ -153,7 +153,7 @@ async def test_depth_at_the_limit_round_trips_through_the_sdk_client(server, mod
         assert f"deeper than {MAX_PAYLOAD_DEPTH} levels" in err["message"]
 
 
-@pytest.mark.parametrize("depth", [MAX_PAYLOAD_DEPTH + 1, 197, 300, 965])
+@pytest.mark.parametrize("depth", [MAX_PAYLOAD_DEPTH + 1, 197, 300, 800])
 async def test_deeper_payloads_are_rejected_in_both_eras(server, mode, depth):
     """Before the limit the 2026-07-28 era acknowledged depths up to 965 that no client could read back."""
     cid = new_id()

@@ -167,6 +167,7 @@ PERMANENT = {
     "BatchTooLarge",
     "ConversationFull",
     "Corrupted",
+    "Unreadable",
 }
 
 
