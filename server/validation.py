@@ -9,6 +9,10 @@ are the ones a client sees whatever layer notices first:
   own validator, ``logstore.ids.validate_conversation_id``).
 
 Messages name the argument and the rule, never echo the offending value (it may be megabytes).
+
+What an item may hold (nesting depth, finite numbers, integer size, valid strings) is not checked here: the
+schema says only "object", and the engine's payload rules (``logstore/batch.py``), which every append
+reaches through ``Store.append``, are the one home of that rule for the server and the Python API alike.
 """
 
 from __future__ import annotations
