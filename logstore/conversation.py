@@ -323,8 +323,10 @@ class ConversationLog:
             raise Unavailable("store is closed")
         if self._loaded and self._log_fd is not None and not self._leader_active:
             try:
-                if self.ops.size(self._log_fd) == self._end:
-                    return
+                if self.ops.size(self._log_fd) == self._end and self.ops.same_file(
+                    self._log_fd, self.paths.log
+                ):
+                    return  # (same_file: an erased log must not be served from our open descriptor)
             except OSError:
                 pass
         elif self._loaded and self._log_fd is None and not self.ops.exists(self.paths.log):
@@ -348,6 +350,8 @@ class ConversationLog:
             try:
                 size = self.ops.size(self._log_fd)
                 tail_moved = size < self._end or not self._tail_matches()
+                # Erased (logstore.erasure) or replaced: never append to a file the path no longer names.
+                tail_moved = tail_moved or not self.ops.same_file(self._log_fd, self.paths.log)
             except OSError as exc:
                 raise self._io_error("stat", exc) from exc
             if tail_moved:  # another process cut the log back (repair): start over

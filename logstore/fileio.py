@@ -93,6 +93,9 @@ class FileOps:
     def mkdir(self, path: str) -> None:
         os.mkdir(path, DIR_MODE)
 
+    def rmdir(self, path: str) -> None:
+        os.rmdir(path)
+
     def exists(self, path: str) -> bool:
         return os.path.exists(path)
 
