@@ -29,7 +29,7 @@ from crc32c import crc32c
 from .check_report import CheckContext, Finding, stray_kind
 from .errors import Timeout
 from .fileio import FILE_MODE
-from .manifest import _SNAPSHOT_MAGIC, Entry, decode_records, encode_record, merge_record
+from .manifest import _SNAPSHOT_MAGIC, Entry, decode_records, encode_record, encode_snapshot, merge_record
 from .models import micros_to_datetime, rfc3339
 
 __all__ = ["ManifestView", "describe_mismatch", "manifest_dir", "stray_findings"]
@@ -228,10 +228,7 @@ class ManifestView:
                     entries[cid] = entry
                 elif cid in before and before[cid].next_seq == 0 and cid not in checked:
                     entries[cid] = before[cid]  # created, its log not yet: keep (manifest ⊇ logs)
-            body = b"".join(encode_record(cid, e) for cid, e in entries.items())
-            ops.atomic_write(
-                self._path("snapshot", new), _SNAPSHOT_MAGIC + body + struct.pack("<I", crc32c(body))
-            )
+            ops.atomic_write(self._path("snapshot", new), encode_snapshot(entries))
             self._gen = new
             fixes = {cid: e for cid, e in entries.items() if before.get(cid) != e}
             if fixes:

@@ -59,6 +59,7 @@ __all__ = [
     "erased_entry",
     "merge_record",
     "encode_record",
+    "encode_snapshot",
     "decode_records",
     "COMPACT_THRESHOLD",
 ]
@@ -118,6 +119,12 @@ def encode_record(conversation_id: str, entry: Entry) -> bytes:
         + _RECORD.pack(entry.created_at, entry.last_appended_at, entry.log_size, entry.next_seq)
     )
     return _FRAME.pack(len(body), crc32c(body)) + body
+
+
+def encode_snapshot(entries: dict[str, Entry]) -> bytes:
+    """A whole snapshot file: magic, one record per conversation, crc32c of the records."""
+    body = b"".join(encode_record(cid, e) for cid, e in entries.items())
+    return _SNAPSHOT_MAGIC + body + struct.pack("<I", crc32c(body))
 
 
 def decode_records(buf: bytes, pos: int = 0) -> tuple[list[tuple[str, Entry]], int, bool]:
@@ -574,10 +581,7 @@ class SiteManifest:
                 open_conversation=self._open_conversation,
             )
             state._load_upto(gen)
-            body = b"".join(encode_record(cid, e) for cid, e in state._entries.items())
-            self.ops.atomic_write(
-                self._path("snapshot", gen + 1), _SNAPSHOT_MAGIC + body + struct.pack("<I", crc32c(body))
-            )
+            self.ops.atomic_write(self._path("snapshot", gen + 1), encode_snapshot(state._entries))
             for old in (self._path("journal", gen), self._path("snapshot", gen)):
                 if self.ops.exists(old):
                     self.ops.unlink(old)

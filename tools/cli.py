@@ -36,6 +36,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "tools.sites",  # logstore site add|list|remove|passwd
     "tools.fsck",  # logstore fsck|dump|export
     "tools.erase",  # logstore conversation delete (site remove --purge is in tools.sites)
+    "tools.backup",  # logstore backup|restore
 )
 
 EXIT_FAILURE = 1  # the operation failed (unknown site, port in use, data dir unusable, ...)
