@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 
 from .conversation import ConversationPaths
 from .errors import InvalidArgument
@@ -44,6 +46,7 @@ __all__ = ["BackupReport", "backup", "has_conversations", "TOP_LEVEL_FILES"]
 
 TOP_LEVEL_FILES = ("credentials.json", "secret")
 _CHUNK = 1 << 20
+_PARALLEL = 8
 
 
 @dataclass
@@ -82,18 +85,26 @@ def backup(
     plan = {site: dict(_logs(src, site)) for site in _sites(src)}
     total = sum(size for logs in plan.values() for size in logs.values())
     done = 0
-    for site, logs in plan.items():
-        entries: dict[str, Entry] = {}
-        for cid, size in logs.items():
-            entry = _copy_log(ops, src, dst, site, cid, lock_timeout, report)
-            if entry is not None:
-                entries[cid] = entry
-            done += size
-            if progress is not None:
-                progress(done, total)
-        report.removed += _remove_others(ops, dst, site, set(entries))
-        _write_manifest(ops, os.path.join(dst, "sites", site), entries)
-        report.conversations += len(entries)
+    # Several logs at a time: each copy waits mostly on its fdatasyncs, and concurrent syncs share the
+    # file system's journal commits (measured: docs/OPERATIONS.md, Backup).
+    with ThreadPoolExecutor(max_workers=_PARALLEL, thread_name_prefix="logstore-backup") as pool:
+        for site, logs in plan.items():
+            entries: dict[str, Entry] = {}
+            copies = pool.map(partial(_copy_log, ops, src, dst, site, lock_timeout=lock_timeout), logs)
+            for (cid, size), copied in zip(logs.items(), copies, strict=True):
+                if copied.entry is not None:
+                    entries[cid] = copied.entry
+                    report.bytes_total += copied.entry.log_size
+                if copied.corrupt is not None:
+                    report.corrupt.append(copied.corrupt)
+                report.bytes_copied += copied.copied
+                report.whole_copies += copied.whole
+                done += size
+                if progress is not None:
+                    progress(done, total)
+            report.removed += _remove_others(ops, dst, site, set(entries))
+            _write_manifest(ops, os.path.join(dst, "sites", site), entries)
+            report.conversations += len(entries)
     for site in set(_sites(dst)) - set(plan):  # a site purged from the source
         report.removed += _remove_others(ops, dst, site, set())
         _write_manifest(ops, os.path.join(dst, "sites", site), {})
@@ -134,24 +145,28 @@ def _names(path: str) -> list[str]:
         return []
 
 
-def _copy_log(
-    ops: FileOps, src: str, dst: str, site: str, cid: str, lock_timeout: float, report: BackupReport
-) -> Entry | None:
-    """Bring the destination's copy of one log up to the source's acknowledged end; its manifest entry
-    (None: nothing acknowledged to copy, or corrupt)."""
+@dataclass(frozen=True, slots=True)
+class _Copied:
+    entry: Entry | None  # None: nothing acknowledged to copy, or corrupt
+    copied: int = 0
+    whole: bool = False
+    corrupt: str | None = None
+
+
+def _copy_log(ops: FileOps, src: str, dst: str, site: str, cid: str, *, lock_timeout: float) -> _Copied:
+    """Bring the destination's copy of one log up to the source's acknowledged end."""
     sp, dp = conversation_paths(src, site, cid), conversation_paths(dst, site, cid)
     try:
         sfd = ops.open(sp.log, os.O_RDONLY)
     except FileNotFoundError:  # erased since the listing
-        return None
+        return _Copied(None)
     try:
         with held(sp.lock, lock_timeout):
             end, corrupt = acknowledged_end(ops, sp, sfd)
         if corrupt is not None:
-            report.corrupt.append(f"{site}/{cid}: {corrupt[1]} at byte {corrupt[0]}")
-            return None
+            return _Copied(None, corrupt=f"{site}/{cid}: {corrupt[1]} at byte {corrupt[0]}")
         if end == 0:
-            return None
+            return _Copied(None)
         ops.makedirs_durable(dp.directory)
         created = not ops.exists(dp.log)
         dfd = ops.open(dp.log, os.O_RDWR | os.O_CREAT)
@@ -161,25 +176,23 @@ def _copy_log(
                 ops, sfd, start=start, expected_seq=seq, last_recorded_at=last_at, file_size=end
             )
             if result.state != "clean" or result.end != end:  # cannot be: the end was found the same way
-                report.corrupt.append(f"{site}/{cid}: {result.reason} at byte {result.stop_offset}")
-                return None
-            for pos in range(start, end, _CHUNK):
-                ops.pwrite(dfd, ops.pread(sfd, min(_CHUNK, end - pos), pos), pos)
-            if ops.size(dfd) != end:
-                ops.ftruncate(dfd, end)
-            ops.fdatasync(dfd)
-            report.bytes_copied += end - start
-            report.bytes_total += end
-            report.whole_copies += start == 0
-            created_at = decode_header(ops.pread(dfd, 64, 0))
+                return _Copied(None, corrupt=f"{site}/{cid}: {result.reason} at byte {result.stop_offset}")
+            if start < end:  # else the copy is complete already (its index is written after its sync)
+                for pos in range(start, end, _CHUNK):
+                    ops.pwrite(dfd, ops.pread(sfd, min(_CHUNK, end - pos), pos), pos)
+                if ops.size(dfd) != end:
+                    ops.ftruncate(dfd, end)
+                ops.fdatasync(dfd)
+            header = decode_header(ops.pread(dfd, 64, 0))
         finally:
             ops.close(dfd)
         if created:
             ops.fsync_dir(dp.directory)
-        new = b"".join(encode_entry(f.offset, f.first_seq) for f in result.frames)
-        _write_index(ops, dp, index, new)
-        assert created_at is not None and result.last_recorded_at is not None
-        return Entry(created_at[3], result.last_recorded_at, end, result.next_seq)
+        if start < end:
+            _write_index(ops, dp, index, b"".join(encode_entry(f.offset, f.first_seq) for f in result.frames))
+        assert header is not None and result.last_recorded_at is not None
+        entry = Entry(header[3], result.last_recorded_at, end, result.next_seq)
+        return _Copied(entry, end - start, start == 0)
     finally:
         ops.close(sfd)
 
