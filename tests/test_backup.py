@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import threading
 import time
 
@@ -16,6 +17,8 @@ from logstore.erasure import erase_conversation
 from logstore.fileio import OS_FILE_OPS
 from logstore.logdump import export_items
 from logstore.store import conversation_paths
+from tests.faultfs import NO_SYNC_OPS, materialize, scratch_dir
+from tests.test_erasure import crash_images
 from tests.test_server_cli import logstore
 
 SITE = "local"
@@ -125,3 +128,35 @@ def test_a_copy_that_is_no_longer_a_prefix_is_copied_whole(tmp_path):
     assert report.whole_copies == 1
     assert export(dst, CIDS[1]) == export(src, CIDS[1])
     assert check(dst).exit_code == 0
+
+
+def test_power_loss_during_a_backup_is_completed_by_the_next_run(tmp_path):
+    """Crash images at every point of an incremental backup: the source is untouched, and running the
+    backup again on the image gives a complete, fsck-clean copy."""
+    base = scratch_dir("backup-pl-")
+    try:
+        src, dst = os.path.join(base, "data"), os.path.join(base, "backup")
+        with Store(src, file_ops=NO_SYNC_OPS) as store:
+            for n in range(3):
+                for cid in CIDS[:3]:
+                    store.append(SITE, cid, [{"n": n}])
+            backup(src, dst, file_ops=NO_SYNC_OPS)
+            for cid in CIDS[:4]:  # three incremental copies and a new one
+                store.append(SITE, cid, [{"later": True}])
+        wanted = {cid: export(src, cid) for cid in CIDS[:4]}
+        images = crash_images(lambda fs: backup(src, dst, file_ops=fs), base)
+        assert len(images) > 20
+        for k, image in enumerate(images):
+            scratch = scratch_dir("backup-img-")
+            try:
+                materialize(image, scratch)
+                s2, d2 = os.path.join(scratch, "data"), os.path.join(scratch, "backup")
+                assert {cid: export(s2, cid) for cid in CIDS[:4]} == wanted, f"image {k}: source changed"
+                backup(s2, d2, file_ops=NO_SYNC_OPS)
+                report = check(d2)
+                assert report.exit_code == 0, (k, [f.to_dict() for f in report.findings])
+                assert {cid: export(d2, cid) for cid in CIDS[:4]} == wanted, f"image {k}"
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
