@@ -121,18 +121,14 @@ def test_power_loss_at_every_point_of_an_erasure_leaves_all_or_nothing(tmp_path)
         with Store(d, file_ops=NO_SYNC_OPS) as store:
             whole = [m.payload for m in store.replay(SITE, X)]
             y_items = [m.payload for m in store.replay(SITE, Y)]
-        images = []
-        rng = random.Random(7)
+        points = []
 
-        def hook(fs: FaultFS, point: int) -> None:
-            images.append(fs.crash_image(rng, "drop"))
-            images.append(fs.crash_image(rng, "keep"))
-            images.extend(fs.crash_image(rng, "random") for _ in range(3))
+        def run(fs: FaultFS) -> None:
+            erase_conversation(d, SITE, X, file_ops=fs)
+            points.append(fs.points)
 
-        fs = FaultFS(base, crash_hook=hook)
-        erase_conversation(d, SITE, X, file_ops=fs)
-        images.append(fs.crash_image(rng, "drop"))  # after it returned: every change was synced
-        assert fs.points >= 4  # unlink index, fsync, unlink log, fsync, journal write + sync
+        images = crash_images(run, base, random_images=3)
+        assert points[0] >= 4  # unlink index, fsync, unlink log, fsync, journal write + sync
         outcomes = {"whole": 0, "none": 0}
         for k, image in enumerate(images):
             scratch = scratch_dir("erase-img-")
@@ -155,7 +151,7 @@ def test_power_loss_at_every_point_of_an_erasure_leaves_all_or_nothing(tmp_path)
             finally:
                 shutil.rmtree(scratch, ignore_errors=True)
         assert outcomes["whole"] and outcomes["none"]  # both sides of the commit point were reached
-        assert images and len(images) == 5 * fs.points + 1
+        assert len(images) == 5 * points[0] + 1
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
