@@ -405,12 +405,12 @@ class SiteManifest:
             self._schedule_compaction()
 
     def record_created(self, cid: str) -> None:
-        """Durably note that a conversation's log is about to be created (before it is)."""
+        """Durably note that a conversation's log is about to be created (before it is). Written even when
+        the manifest already knows ``cid``: the log is missing (that is why it is being created), so what
+        is known may be an earlier attempt's record whose fdatasync failed (read back from the page cache
+        but never durable), or a log another process erased since. Only that rare case costs a sync more."""
         with self._lock:
             self.ensure_loaded()
-            self._refresh()  # an erasure by another process may have dropped ``cid`` (one stat; rare call)
-            if cid in self._entries:
-                return
             entry = Entry(-1, -1, 0, 0)
             self._append_record(cid, entry, sync=True)
             self._apply([(cid, entry)])
