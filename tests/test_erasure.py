@@ -19,7 +19,7 @@ from logstore.erasure import erase_conversation, purge_site
 from logstore.manifest import ERASED
 from server.credentials import CredentialsFile
 from tests.faultfs import NO_SYNC_OPS, FaultFS, materialize, scratch_dir
-from tests.server_support import REPO
+from tests.server_support import REPO, call, connect, serve
 from tests.test_server_cli import logstore
 
 SITE = "local"
@@ -263,3 +263,37 @@ def test_power_loss_at_every_point_of_a_site_purge(tmp_path):
         assert partial  # images between two conversations' erasures were checked too
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.anyio
+async def test_erasure_while_two_server_workers_hold_the_conversation_open(tmp_path):
+    """The issue's hazard end to end: ``serve --workers 2`` has the conversation open in both processes;
+    after ``conversation delete`` neither serves the erased items nor acknowledges an append into the
+    unlinked log, and the listing drops it."""
+    d = tmp_path / "workers"
+    CredentialsFile(str(d)).add(SITE, "pw")
+    with serve(d, "--workers", "2") as server:
+
+        async def each_connection(tool: str, args: dict, n: int = 6) -> list[dict]:
+            outs = []
+            for _ in range(n):  # new connections, so both worker processes answer
+                async with connect(server.url, SITE, "pw", "legacy") as c:
+                    is_error, out = await call(c, tool, args)
+                    assert not is_error, out
+                    outs.append(out)
+            return outs
+
+        await each_connection("append_memory", {"conversation_id": X, "items": [{"secret": 1}]})
+        before = await each_connection("recall_memory", {"conversation_id": X})
+        assert {len(o["items"]) for o in before} == {6}
+        deleted = logstore("conversation", "delete", "--site", SITE, X, "--data-dir", str(d))
+        assert deleted.returncode == 0, deleted.stderr
+        after = await each_connection("recall_memory", {"conversation_id": X})
+        assert {len(o["items"]) for o in after} == {0}
+        listings = await each_connection("list_conversations", {})
+        assert all(X not in [c["conversation_id"] for c in o["conversations"]] for o in listings)
+        acks = await each_connection("append_memory", {"conversation_id": X, "items": [{"new": 1}]}, n=4)
+        assert [a["first_seq"] for a in acks] == [0, 1, 2, 3]  # a new conversation, gapless across both
+    with Store(str(d)) as store:  # every acknowledged append is in the file at the path
+        assert [m.payload for m in store.recall(SITE, X)] == [{"new": 1}] * 4
+    assert check(str(d)).exit_code == 0

@@ -149,18 +149,17 @@ asyncio.run(main())
 def check_bindable(host: str, port: int) -> None:
     """Fail before anything is created or printed if the server could not listen on ``host:port``.
 
-    A probe bind with SO_REUSEADDR, as uvicorn binds: a port held by a listening socket fails here (also
-    one opened with SO_REUSEPORT, since the probe does not set it); sockets in TIME_WAIT do not. The port
-    could still be taken between this probe and the real bind; then uvicorn reports it."""
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except socket.gaierror as exc:
-        raise StartupError(f"cannot resolve --host {host!r}: {exc.strerror}") from exc
-    family, kind, proto, _, address = infos[0]
-    with socket.socket(family, kind, proto) as probe:
+    A probe bind made the way uvicorn binds (address family from the host's form, SO_REUSEADDR): a port
+    held by a listening socket fails here (also one opened with SO_REUSEPORT, since the probe does not
+    set it); sockets in TIME_WAIT do not. The port could still be taken between this probe and the real
+    bind; then uvicorn reports it."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            probe.bind(address)
+            probe.bind((host.strip("[]"), port))
+        except socket.gaierror as exc:
+            raise StartupError(f"cannot resolve --host {host!r}: {exc.strerror}") from exc
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
                 raise StartupError(
