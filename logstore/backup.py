@@ -15,7 +15,8 @@ Per conversation log:
 
 Then per site, the destination's manifest is written afresh as one snapshot built from the copied logs
 (the listing of exactly those conversations), after every log it lists is durable. Conversations no
-longer in the source (erased) are removed from the destination. ``credentials.json`` and ``secret`` are
+longer in the source (erased) are removed from the destination; a conversation whose source log is
+corrupt keeps its last good copy (reported, and not updated). ``credentials.json`` and ``secret`` are
 copied first (each is replaced atomically in the source, so a complete version is read).
 
 A crash or error during a backup leaves the destination to be completed by the next run: a backup is
@@ -97,6 +98,10 @@ def backup(
                     report.bytes_total += copied.entry.log_size
                 if copied.corrupt is not None:
                     report.corrupt.append(copied.corrupt)
+                    kept = _entry_of_copy(ops, conversation_paths(dst, site, cid))
+                    if kept is not None:  # the last good copy stays, listed
+                        entries[cid] = kept
+                        report.bytes_total += kept.log_size
                 report.bytes_copied += copied.copied
                 report.whole_copies += copied.whole
                 done += size
@@ -219,6 +224,22 @@ def _reusable_prefix(
     if ops.pread(sfd, frame.size, frame.offset) != ops.pread(dfd, frame.size, frame.offset):
         return fresh
     return frame.end, frame.first_seq + frame.count, frame.recorded_at, entries
+
+
+def _entry_of_copy(ops: FileOps, dp: ConversationPaths) -> Entry | None:
+    """The manifest entry of the destination's existing copy (kept when the source log is corrupt)."""
+    try:
+        fd = ops.open(dp.log, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        result = scan_log(ops, fd, keep_frames=False)
+        header = decode_header(ops.pread(fd, 64, 0))
+        if result.state != "clean" or result.last_recorded_at is None or header is None:
+            return None
+        return Entry(header[3], result.last_recorded_at, result.end, result.next_seq)
+    finally:
+        ops.close(fd)
 
 
 def _write_index(ops: FileOps, dp: ConversationPaths, kept: bytes, new: bytes) -> None:
