@@ -323,10 +323,8 @@ class ConversationLog:
             raise Unavailable("store is closed")
         if self._loaded and self._log_fd is not None and not self._leader_active:
             try:
-                if self.ops.size(self._log_fd) == self._end and self.ops.same_file(
-                    self._log_fd, self.paths.log
-                ):
-                    return  # (same_file: an erased log must not be served from our open descriptor)
+                if self.ops.linked_size(self._log_fd) == self._end:  # None once erased: never served
+                    return
             except OSError:
                 pass
         elif self._loaded and self._log_fd is None and not self.ops.exists(self.paths.log):

@@ -295,6 +295,11 @@ class FaultFS(FileOps):
             self._begin("size")
         return super().size(fd)
 
+    def linked_size(self, fd: int) -> int | None:
+        with self._mutex:
+            self._begin("size")
+        return super().linked_size(fd)
+
     # ------------------------------------------------------------------ durability
     def fdatasync(self, fd: int) -> None:
         self._sync(fd, "fdatasync")
