@@ -107,7 +107,7 @@ def test_exit_codes_of_dump_export_and_site_list(store_dir, tmp_path):
     one_line_error(logstore("dump"), 2, "logstore dump:")
     one_line_error(logstore("export"), 2, "logstore export:")
     missing = str(tmp_path / "nonexistent")
-    one_line_error(logstore("site", "list", "--data-dir", missing), 1, "logstore site list: data dir")
+    one_line_error(logstore("site", "list", "--data-dir", missing), 1, "logstore site list: no data dir")
     one_line_error(logstore("fsck", "--data-dir", missing), 8, "logstore fsck:")
 
 

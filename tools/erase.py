@@ -45,7 +45,7 @@ def cmd_delete(args: argparse.Namespace) -> int:
     from logstore.errors import InvalidArgument, InvalidConversationId, Timeout
 
     if not os.path.isdir(args.data_dir):
-        print(f"logstore conversation delete: data dir {args.data_dir} does not exist", file=sys.stderr)
+        print(f"logstore conversation delete: no data dir at {args.data_dir}", file=sys.stderr)
         return 1
     try:
         result = erase_conversation(

@@ -120,7 +120,9 @@ def cmd_list(args: argparse.Namespace) -> int:
     from server.credentials import CredentialsFile
 
     if not os.path.isdir(args.data_dir):
-        print(f"logstore site list: data dir {args.data_dir} does not exist", file=sys.stderr)
+        print(
+            f"logstore site list: no data dir at {args.data_dir} (or it is not a directory)", file=sys.stderr
+        )
         return 1
     sites = CredentialsFile(args.data_dir).sites()
     if args.json:
