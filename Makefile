@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
 ## make test: lint, then the whole default test suite (torture long modes: LOGSTORE_LONG=1)
@@ -17,9 +17,13 @@ test: $(STAMP)
 	$(PY) -m ruff check logstore server tools bench tests
 	$(PY) -m pytest -q
 
-## make serve: start the MCP server on ./data (creates a 'local' site on first run)
+## make serve: start the MCP server on ./data (creates a 'local' site on first run).
+## make serve PORT=9000 DATA_DIR=/srv/logstore: other port / data dir (or LOGSTORE_PORT, LOGSTORE_DATA_DIR).
+## Ctrl-C stops it; exit status 130 (interrupted) is a normal stop, not an error for make.
 serve: $(STAMP)
-	$(VENV)/bin/logstore serve
+	@trap 'true' INT; \
+	$(VENV)/bin/logstore serve $(if $(PORT),--port '$(PORT)') $(if $(DATA_DIR),--data-dir '$(DATA_DIR)'); \
+	status=$$?; [ $$status -eq 130 ] || exit $$status
 
 ## make bench: the full benchmark table (bench-quick: about a minute)
 bench: $(STAMP)

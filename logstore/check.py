@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from .check_log import ConversationOutcome, check_conversation, current_entry
 from .check_manifest import ManifestView, describe_mismatch, manifest_dir, stray_findings
@@ -325,18 +325,18 @@ def _check_manifest(
             ctx.add(finding)
     if not ctx.repair or not problems:
         return
+
+    def current(cid: str, known: Entry | None) -> Entry | None:
+        return current_entry(ctx, conversation_paths(ctx.data_dir, site, cid), known)
+
     try:
         if whole_site:
-            view.rebuild(
-                checked,
-                lambda cid, known: current_entry(ctx, conversation_paths(ctx.data_dir, site, cid), known),
-                unchecked,
-            )
+            view.rebuild(checked, current, unchecked)
             for finding in problems:
                 finding.fixed = finding.kind != "missing-log"  # the listing is right again; the data is not
                 finding.message += "; manifest rebuilt from the logs" if finding.fixed else ""
         else:
-            _fix_entries(view, stale)
+            _fix_entries(view, stale, current)
     except Timeout as exc:
         ctx.found("lock-timeout", view.directory, f"{exc}: manifest not repaired", site=site)
     except OSError as exc:
@@ -349,17 +349,27 @@ def _mismatch(stored: Entry | None, derived: Entry, corrupt: bool) -> str | None
     return describe_mismatch(stored, derived)
 
 
-def _fix_entries(view: ManifestView, stale: dict[str, tuple[Finding, Entry]]) -> None:
+def _fix_entries(
+    view: ManifestView,
+    stale: dict[str, tuple[Finding, Entry]],
+    current: Callable[[str, Entry | None], Entry | None],
+) -> None:
     """Repair of one conversation's manifest entry (``--conversation``): append a newer record. A record
-    cannot lower what the manifest claims (records merge by max): that takes a whole-site rebuild."""
-    fixes = {}
-    for cid, (finding, derived) in stale.items():
+    cannot lower what the manifest claims (records merge by max, e.g. after ``--truncate-corrupt`` cut the
+    log): then the manifest is rebuilt with that entry replaced and every other entry kept as recorded,
+    so one run leaves the store consistent without reading the site's other logs."""
+    fixes, lowered = {}, {}
+    for cid, (_, derived) in stale.items():
         stored = view.entries.get(cid)
-        if stored is None or derived.newer_than(stored):
-            fixes[cid] = derived
-            finding.fixed = True
-            finding.message += "; corrected record appended to the manifest journal"
-        else:
-            finding.message += "; the manifest claims more than the log holds: run a whole-site repair"
+        (fixes if stored is None or derived.newer_than(stored) else lowered)[cid] = derived
     if fixes:
         view.append_records(fixes)
+    if lowered:
+        view.rebuild(lowered, current, set(view.entries) - set(lowered))
+    for cid, (finding, _) in stale.items():
+        finding.fixed = True
+        finding.message += (
+            "; manifest rebuilt with the corrected entry"
+            if cid in lowered
+            else "; corrected record appended to the manifest journal"
+        )

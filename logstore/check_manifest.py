@@ -29,7 +29,8 @@ from crc32c import crc32c
 from .check_report import CheckContext, Finding, stray_kind
 from .errors import Timeout
 from .fileio import FILE_MODE
-from .manifest import _SNAPSHOT_MAGIC, Entry, decode_records, encode_record
+from .manifest import _SNAPSHOT_MAGIC, Entry, decode_records, encode_record, encode_snapshot, merge_record
+from .models import micros_to_datetime, rfc3339
 
 __all__ = ["ManifestView", "describe_mismatch", "manifest_dir", "stray_findings"]
 
@@ -152,14 +153,9 @@ class ManifestView:
         self._pos = pos
 
     def _apply(self, records: list[tuple[str, Entry]]) -> None:
-        # SiteManifest._apply's rule, so the view equals what a server would load.
+        # SiteManifest's rule, so the view equals what a server would load.
         for cid, entry in records:
-            current = self.entries.get(cid)
-            if current is not None and not entry.newer_than(current):
-                continue
-            if current is not None and entry.created_at < 0:
-                entry.created_at = current.created_at
-            self.entries[cid] = entry
+            merge_record(self.entries, cid, entry)
 
     # ------------------------------------------------------------------ repair
     def append_records(self, records: dict[str, Entry]) -> None:
@@ -232,10 +228,7 @@ class ManifestView:
                     entries[cid] = entry
                 elif cid in before and before[cid].next_seq == 0 and cid not in checked:
                     entries[cid] = before[cid]  # created, its log not yet: keep (manifest ⊇ logs)
-            body = b"".join(encode_record(cid, e) for cid, e in entries.items())
-            ops.atomic_write(
-                self._path("snapshot", new), _SNAPSHOT_MAGIC + body + struct.pack("<I", crc32c(body))
-            )
+            ops.atomic_write(self._path("snapshot", new), encode_snapshot(entries))
             self._gen = new
             fixes = {cid: e for cid, e in entries.items() if before.get(cid) != e}
             if fixes:
@@ -273,8 +266,21 @@ def describe_mismatch(stored: Entry | None, derived: Entry) -> str | None:
     if got == want:
         return None
     names = ("created_at", "last_appended_at", "next_seq", "log_size")
-    diffs = [f"{n} {g} (log: {w})" for n, g, w in zip(names, got, want, strict=True) if g != w]
+    shown = (_timestamp, _timestamp, str, str)
+    diffs = [
+        f"{n} {f(g)} (log: {f(w)})" for n, f, g, w in zip(names, shown, got, want, strict=True) if g != w
+    ]
     return "manifest says " + ", ".join(diffs)
+
+
+def _timestamp(micros: int) -> str:
+    """RFC 3339 for a manifest time (microseconds since the epoch); -1 means none recorded yet."""
+    if micros < 0:
+        return "none"
+    try:
+        return rfc3339(micros_to_datetime(micros))
+    except (OverflowError, ValueError, OSError):
+        return f"{micros}us (out of range)"
 
 
 def stray_findings(view: ManifestView) -> list[Finding]:

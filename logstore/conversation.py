@@ -323,7 +323,7 @@ class ConversationLog:
             raise Unavailable("store is closed")
         if self._loaded and self._log_fd is not None and not self._leader_active:
             try:
-                if self.ops.size(self._log_fd) == self._end:
+                if self.ops.linked_size(self._log_fd) == self._end:  # None once erased: never served
                     return
             except OSError:
                 pass
@@ -348,6 +348,8 @@ class ConversationLog:
             try:
                 size = self.ops.size(self._log_fd)
                 tail_moved = size < self._end or not self._tail_matches()
+                # Erased (logstore.erasure) or replaced: never append to a file the path no longer names.
+                tail_moved = tail_moved or not self.ops.same_file(self._log_fd, self.paths.log)
             except OSError as exc:
                 raise self._io_error("stat", exc) from exc
             if tail_moved:  # another process cut the log back (repair): start over

@@ -66,6 +66,13 @@ class FileOps:
     def size(self, fd: int) -> int:
         return os.fstat(fd).st_size
 
+    def linked_size(self, fd: int) -> int | None:
+        """``size(fd)``, or None once the file has no name left (unlinked, e.g. erased): the same one
+        ``fstat``, so a read path can notice an erasure for free. A hard link elsewhere keeps it named;
+        ``same_file`` is the exact test (two syscalls)."""
+        st = os.fstat(fd)
+        return st.st_size if st.st_nlink else None
+
     # --- durability --------------------------------------------------------------------------------
     def fdatasync(self, fd: int) -> None:
         os.fdatasync(fd)
@@ -92,6 +99,9 @@ class FileOps:
 
     def mkdir(self, path: str) -> None:
         os.mkdir(path, DIR_MODE)
+
+    def rmdir(self, path: str) -> None:
+        os.rmdir(path)
 
     def exists(self, path: str) -> bool:
         return os.path.exists(path)

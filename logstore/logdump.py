@@ -29,7 +29,7 @@ from .locking import held
 from .models import micros_to_datetime, rfc3339
 from .scanner import first_valid_frame_after, frame_at, scan_log
 
-__all__ = ["DumpRecord", "dump_frames", "export_items"]
+__all__ = ["DumpRecord", "dump_frames", "export_items", "acknowledged_end"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +117,7 @@ def dump_frames(
         ops.close(fd)
 
 
-def _acknowledged_end(ops: FileOps, paths: ConversationPaths, fd: int) -> tuple[int, tuple[int, str] | None]:
+def acknowledged_end(ops: FileOps, paths: ConversationPaths, fd: int) -> tuple[int, tuple[int, str] | None]:
     """(end of the last acknowledged frame, corruption at or before it or None). Caller holds the lock.
 
     Recovery's rule: the last index entry whose frame checks out is acknowledged; the scanner takes it
@@ -163,7 +163,7 @@ def export_items(
     written = 0
     try:
         with held(paths.lock, lock_timeout):
-            end, corrupt = _acknowledged_end(ops, paths, fd)
+            end, corrupt = acknowledged_end(ops, paths, fd)
 
         def emit(frame: Frame) -> None:
             nonlocal written

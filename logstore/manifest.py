@@ -16,6 +16,10 @@ Rules:
   compared with the recorded one (a stat each) and only the changed logs' tails are read to reconcile.
 - Records merge by max: a record wins if its next_seq is higher (or equal with a later last_appended_at),
   so duplicates, reordering between processes and re-appends after compaction are all harmless.
+  The one exception is the *erasure* record (``created_at == ERASED``, written by ``logstore.erasure``
+  under the conversation lock after the log is gone, and by a single-conversation repair just before a
+  lower record): it drops the conversation whatever came before, and later records start afresh.
+  Every record of the old log precedes it in the journals, since they are written under that lock.
 - Compaction (off the append path, in a background thread): create journal.<N+1>, read snapshot.<N> +
   journal.<N>, write snapshot.<N+1> (temp + fsync + rename + dir fsync), delete the old files. A writer
   appends to the newest journal and then checks that no newer one exists; if one does, it re-appends
@@ -48,7 +52,17 @@ from .fileio import FILE_MODE, FileOps
 from .ids import is_valid_id
 from .models import ConversationListing, ConversationSummary, micros_to_datetime
 
-__all__ = ["SiteManifest", "Entry", "encode_record", "decode_records", "COMPACT_THRESHOLD"]
+__all__ = [
+    "SiteManifest",
+    "Entry",
+    "ERASED",
+    "erased_entry",
+    "merge_record",
+    "encode_record",
+    "encode_snapshot",
+    "decode_records",
+    "COMPACT_THRESHOLD",
+]
 
 log = logging.getLogger("logstore")
 _RECORD = struct.Struct("<qqQI")  # created_at (-1: none yet), last_appended_at (-1), log_size, next_seq
@@ -73,6 +87,30 @@ class Entry:
         )
 
 
+ERASED = -2  # created_at of an erasure record (real ones are >= 0, or -1 for "none yet")
+
+
+def erased_entry() -> Entry:
+    return Entry(ERASED, -1, 0, 0)
+
+
+def merge_record(entries: dict[str, Entry], cid: str, entry: Entry) -> tuple[bool, Entry | None]:
+    """Apply one record to ``entries`` (the merge rule, see the module docstring). Returns (changed?,
+    the entry it replaced or removed)."""
+    current = entries.get(cid)
+    if entry.created_at == ERASED:
+        if current is None:
+            return False, None
+        del entries[cid]
+        return True, current
+    if current is not None and not entry.newer_than(current):
+        return False, current
+    if current is not None and entry.created_at < 0:
+        entry.created_at = current.created_at
+    entries[cid] = entry
+    return True, current
+
+
 def encode_record(conversation_id: str, entry: Entry) -> bytes:
     cid = conversation_id.encode()
     body = (
@@ -81,6 +119,12 @@ def encode_record(conversation_id: str, entry: Entry) -> bytes:
         + _RECORD.pack(entry.created_at, entry.last_appended_at, entry.log_size, entry.next_seq)
     )
     return _FRAME.pack(len(body), crc32c(body)) + body
+
+
+def encode_snapshot(entries: dict[str, Entry]) -> bytes:
+    """A whole snapshot file: magic, one record per conversation, crc32c of the records."""
+    body = b"".join(encode_record(cid, e) for cid, e in entries.items())
+    return _SNAPSHOT_MAGIC + body + struct.pack("<I", crc32c(body))
 
 
 def decode_records(buf: bytes, pos: int = 0) -> tuple[list[tuple[str, Entry]], int, bool]:
@@ -221,7 +265,7 @@ class SiteManifest:
         if snaps:
             self._apply_snapshot(os.path.join(self.directory, f"snapshot.{base}"), order=False)
         live = [g for g in journals if g >= base]
-        self._gen = live[-1] if live else base
+        self._gen = self._newest_generation()
         for gen in live:
             data = self.ops.read_file(self._path("journal", gen)) or b""
             records, pos, damaged = decode_records(data)
@@ -246,15 +290,12 @@ class SiteManifest:
     def _apply(self, records: list[tuple[str, Entry]], *, order: bool = True) -> None:
         """Merge records into ``_entries`` (and ``_order``, unless the caller rebuilds it in bulk)."""
         for cid, entry in records:
-            current = self._entries.get(cid)
-            if current is not None and not entry.newer_than(current):
+            changed, previous = merge_record(self._entries, cid, entry)
+            if not (changed and order):
                 continue
-            if order and current is not None and current.next_seq > 0:
-                self._order.discard((-current.last_appended_at, cid))
-            if current is not None and entry.created_at < 0:
-                entry.created_at = current.created_at
-            self._entries[cid] = entry
-            if order and entry.next_seq > 0:
+            if previous is not None and previous.next_seq > 0:
+                self._order.discard((-previous.last_appended_at, cid))
+            if entry.created_at != ERASED and entry.next_seq > 0:
                 self._order.add((-entry.last_appended_at, cid))
 
     def _reconcile(self) -> None:
@@ -364,11 +405,12 @@ class SiteManifest:
             self._schedule_compaction()
 
     def record_created(self, cid: str) -> None:
-        """Durably note that a conversation's log is about to be created (before it is)."""
+        """Durably note that a conversation's log is about to be created (before it is). Written even when
+        the manifest already knows ``cid``: the log is missing (that is why it is being created), so what
+        is known may be an earlier attempt's record whose fdatasync failed (read back from the page cache
+        but never durable), or a log another process erased since. Only that rare case costs a sync more."""
         with self._lock:
             self.ensure_loaded()
-            if cid in self._entries:
-                return
             entry = Entry(-1, -1, 0, 0)
             self._append_record(cid, entry, sync=True)
             self._apply([(cid, entry)])
@@ -383,6 +425,23 @@ class SiteManifest:
                 self._append_record(info.conversation_id, entry)
             except Io as exc:  # the append is durable already; reconciliation will repair the manifest
                 log.warning("%s", exc)
+
+    def record_erased(self, cid: str) -> None:
+        """Durably note that ``cid``'s log was removed (erasure). The caller holds the conversation lock and
+        removed the log first, so the manifest still lists every log on disk (manifest ⊇ logs). Works on a
+        manifest that was never loaded (the CLI): the record goes to the newest journal."""
+        with self._lock:
+            if not self._loaded:
+                self._gen = self._newest_generation()
+                self._read_pos = self.ops.stat_size(self._path("journal", self._gen)) or 0
+            self._append_record(cid, erased_entry(), sync=True)
+            self._apply([(cid, erased_entry())])
+
+    def _newest_generation(self) -> int:
+        snaps, journals = self._generations()
+        base = snaps[-1] if snaps else 0
+        live = [g for g in journals if g >= base]
+        return live[-1] if live else base
 
     def _catch_up(self) -> None:
         """Apply records other processes appended; follow compactions to newer journals."""
@@ -522,10 +581,7 @@ class SiteManifest:
                 open_conversation=self._open_conversation,
             )
             state._load_upto(gen)
-            body = b"".join(encode_record(cid, e) for cid, e in state._entries.items())
-            self.ops.atomic_write(
-                self._path("snapshot", gen + 1), _SNAPSHOT_MAGIC + body + struct.pack("<I", crc32c(body))
-            )
+            self.ops.atomic_write(self._path("snapshot", gen + 1), encode_snapshot(state._entries))
             for old in (self._path("journal", gen), self._path("snapshot", gen)):
                 if self.ops.exists(old):
                     self.ops.unlink(old)

@@ -81,15 +81,7 @@ def build_mcp_server(
     """A low-level MCP server whose tools are exactly ``bindings`` (in their order)."""
     bindings = dict(bindings)
     listing = types.ListToolsResult(
-        tools=[
-            types.Tool(
-                name=b.tool.name,
-                description=b.tool.description,
-                input_schema=b.tool.input_schema,
-                output_schema=b.tool.output_schema,
-            )
-            for b in bindings.values()
-        ]
+        tools=[types.Tool.model_validate(b.tool.as_json()) for b in bindings.values()]
     )
 
     async def list_tools(

@@ -6,7 +6,14 @@
     python -m server.spec_tools PATH/TO/conversation-memory.md > server/tools.json
 
 and ``tests/test_server_schema.py`` checks that ``tools.json`` still equals what the spec says (whenever the
-spec file is available) and that ``tools/list`` returns exactly ``tools.json`` over the wire.
+spec file is available) and that ``tools/list`` returns exactly ``tools.json`` over the wire, plus the
+``title`` and ``annotations`` below.
+
+Titles and annotations (MCP tool hints) are not in the spec, so they live here, not in ``tools.json``:
+they let clients such as Claude Code auto-approve the three read tools. Hints are only hints: the
+server's behaviour does not depend on them. ``append_memory`` is not idempotent (a retried batch is
+stored again; the spec says duplicates are tolerated), and nothing any tool does is destructive or
+reaches outside the store.
 """
 
 from __future__ import annotations
@@ -19,10 +26,37 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-__all__ = ["ToolDef", "TOOL_NAMES", "extract_tools", "load_tools", "tools_by_name", "tools_json_text"]
+__all__ = [
+    "ToolDef",
+    "TOOL_NAMES",
+    "TOOL_HINTS",
+    "extract_tools",
+    "load_tools",
+    "tools_by_name",
+    "tools_json_text",
+]
 
 # The order the spec presents them in, which is also the order tools/list returns.
 TOOL_NAMES = ("append_memory", "recall_memory", "replay_memory", "list_conversations")
+
+
+def _hints(title: str, *, read_only: bool, idempotent: bool) -> dict[str, Any]:
+    annotations = {
+        "title": title,
+        "readOnlyHint": read_only,
+        "destructiveHint": False,
+        "idempotentHint": idempotent,
+        "openWorldHint": False,
+    }
+    return {"title": title, "annotations": annotations}
+
+
+TOOL_HINTS: dict[str, dict[str, Any]] = {
+    "append_memory": _hints("Append to conversation memory", read_only=False, idempotent=False),
+    "recall_memory": _hints("Recall recent conversation memory", read_only=True, idempotent=True),
+    "replay_memory": _hints("Replay conversation memory", read_only=True, idempotent=True),
+    "list_conversations": _hints("List conversations", read_only=True, idempotent=True),
+}
 
 
 @dataclass(frozen=True)
@@ -31,14 +65,20 @@ class ToolDef:
     description: str
     input_schema: dict[str, Any]
     output_schema: dict[str, Any]
+    title: str | None = None
+    annotations: dict[str, Any] | None = None
 
     def as_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "description": self.description,
-            "inputSchema": self.input_schema,
-            "outputSchema": self.output_schema,
-        }
+        """The tool as ``tools/list`` shows it (``title``/``annotations`` only when set)."""
+        out: dict[str, Any] = {"name": self.name}
+        if self.title is not None:
+            out["title"] = self.title
+        out.update(
+            description=self.description, inputSchema=self.input_schema, outputSchema=self.output_schema
+        )
+        if self.annotations is not None:
+            out["annotations"] = self.annotations
+        return out
 
 
 def _json_after(text: str, heading: str, start: int) -> tuple[Any, int]:
@@ -91,6 +131,7 @@ def load_tools() -> tuple[ToolDef, ...]:
             description=t["description"],
             input_schema=t["inputSchema"],
             output_schema=t["outputSchema"],
+            **TOOL_HINTS.get(t["name"], {}),
         )
         for t in raw
     )

@@ -16,9 +16,9 @@ from ``root`` vanishes. Synced data is never touched: that is what a real disk p
 engine may rely on. ``materialize`` writes such a tree to a directory, where a new ``Store`` recovers it.
 
 Crash points: every call that changes the disk (``write``, ``fsync``, ``truncate``, ``rename``, ``unlink``,
-``mkdir``, directory fsync, creating ``open``) calls ``crash_hook(fs, point)`` first, with the call's own
-effect still unsynced. Taking an image there is a power loss "during" that call. The workload runs once;
-the hook checks every image as it is taken (or records it).
+``mkdir``, ``rmdir``, directory fsync, creating ``open``) calls ``crash_hook(fs, point)`` first, with the
+call's own effect still unsynced. Taking an image there is a power loss "during" that call. The workload
+runs once; the hook checks every image as it is taken (or records it).
 
 I/O errors: ``fault`` (a callable ``(FaultFS, Call) -> errno or None``) decides per call whether it fails.
 A failed ``fsync`` follows Linux since 4.13 (fsyncgate): the unsynced writes of that file are no longer
@@ -295,6 +295,11 @@ class FaultFS(FileOps):
             self._begin("size")
         return super().size(fd)
 
+    def linked_size(self, fd: int) -> int | None:
+        with self._mutex:
+            self._begin("size")
+        return super().linked_size(fd)
+
     # ------------------------------------------------------------------ durability
     def fdatasync(self, fd: int) -> None:
         self._sync(fd, "fdatasync")
@@ -386,6 +391,17 @@ class FaultFS(FileOps):
                 parent, name = self._parent(path)
                 if parent is not None:
                     parent.dir_pending.append(("link", name, node))
+            self._point()
+
+    def rmdir(self, path: str) -> None:
+        path = os.path.abspath(path)
+        with self._mutex:
+            self._begin("rmdir", path)
+            os.rmdir(path)
+            if self._live.pop(path, None) is not None:
+                parent, name = self._parent(path)
+                if parent is not None:
+                    parent.dir_pending.append(("unlink", name))
             self._point()
 
     def listdir(self, path: str) -> list[str]:

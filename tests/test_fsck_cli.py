@@ -183,7 +183,7 @@ def test_dump_file_shows_what_a_repair_saved(sample, capsys):
     assert "seqs: 3..5" in lines[0] and "crc: bad (crc-mismatch" in lines[0]
     assert "seqs: 6..9" in lines[1] and lines[1].endswith("crc: ok")  # intact, recoverable by hand
     assert [line.split()[1] for line in lines[2:]] == ["6", "7", "8", "9"]
-    assert main(["dump", data_dir, SITE, CID, "--file", path]) == 8
+    assert main(["dump", data_dir, SITE, CID, "--file", path]) == 2  # both forms: a usage error
 
 
 def test_dump_unknown_conversation_is_an_operational_error(sample, capsys):
@@ -252,10 +252,11 @@ def test_export_is_a_snapshot_of_what_was_acknowledged_when_it_started(sample):
     assert [json.loads(line)["seq"] for line in sink.getvalue().splitlines()] == list(range(10))
 
 
-def test_export_unknown_conversation_is_empty(sample, capsys):
+def test_export_unknown_conversation_is_an_operational_error_as_for_dump(sample, capsys):
     data_dir, _ = sample
-    assert main(["export", data_dir, SITE, "conv-nothere"]) == 0
-    assert capsys.readouterr().out == ""
+    assert main(["export", data_dir, SITE, "conv-nothere"]) == 8
+    captured = capsys.readouterr()
+    assert captured.out == "" and "no log for conversation conv-nothere" in captured.err
 
 
 # ---------------------------------------------------------------------- racing a writer

@@ -7,7 +7,6 @@ import re
 import shutil
 import ssl
 import subprocess
-import sys
 import uuid
 
 import anyio
@@ -19,6 +18,7 @@ from mcp.client.streamable_http import streamable_http_client
 from logstore import Store
 from server.credentials import CredentialsFile, verify_password
 from tests.server_support import MODES, REPO, call, connect, free_port, logstore_cmd, serve, wait_healthy
+from tools.serve import SNIPPET_BEGIN, SNIPPET_END
 
 pytestmark = pytest.mark.anyio
 
@@ -94,12 +94,11 @@ def test_first_serve_creates_local_and_prints_working_config_once(tmp_path):
             },
         )
         assert r.status_code == 200
-        # And so does the printed Python snippet, run exactly as printed.
-        snippet = out[
-            out.index("  import asyncio") : out.index("asyncio.run(main())") + len("asyncio.run(main())")
-        ]
-        code = "\n".join(line.removeprefix("  ") for line in snippet.splitlines())
-        ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        # And so does the printed Python snippet, run exactly as printed (marker lines included: they
+        # are comments), with the interpreter the banner names.
+        snippet = out[out.index(SNIPPET_BEGIN) : out.index(SNIPPET_END) + len(SNIPPET_END)]
+        python = re.search(r"run `(\S+) demo.py`", out).group(1)
+        ran = subprocess.run([python, "-c", snippet], capture_output=True, text=True, timeout=60)
         assert ran.returncode == 0, ran.stderr
         assert ran.stdout.splitlines()[0] == "{'first_seq': 0, 'last_seq': 0}"
         assert "'text': 'hi'" in ran.stdout

@@ -16,7 +16,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from server.credentials import CredentialsFile
-from server.spec_tools import TOOL_NAMES, extract_tools, load_tools, tools_json_text
+from server.spec_tools import TOOL_HINTS, TOOL_NAMES, extract_tools, load_tools, tools_json_text
 from tests.server_support import MODES, REPO, serve
 
 pytestmark = pytest.mark.anyio
@@ -87,6 +87,27 @@ async def test_tools_list_on_the_wire_equals_the_spec(server, mode):
         b["result"]["tools"] for b in bodies if isinstance(b.get("result"), dict) and "tools" in b["result"]
     ]
     assert wire, "no tools/list response seen"
-    # Exactly the four tools, exactly these four fields each, every string and schema identical.
-    assert wire[-1] == reference_tools()
+    # Exactly the four tools; the spec's four fields each, every string and schema identical; plus only
+    # the title and annotations of TOOL_HINTS (not in the spec).
+    spec_fields = ("name", "description", "inputSchema", "outputSchema")
+    assert [{k: t[k] for k in spec_fields} for t in wire[-1]] == reference_tools()
+    assert [set(t) - set(spec_fields) for t in wire[-1]] == [{"title", "annotations"}] * 4
+    assert [{"title": t["title"], "annotations": t["annotations"]} for t in wire[-1]] == [
+        TOOL_HINTS[name] for name in TOOL_NAMES
+    ]
     assert [t.name for t in listed.tools] == list(TOOL_NAMES)
+    # What a client decides on: the three read tools are read-only; nothing is destructive or open-world.
+    hints = {t.name: t.annotations for t in listed.tools}
+    assert [n for n, h in hints.items() if h.read_only_hint] == [
+        "recall_memory",
+        "replay_memory",
+        "list_conversations",
+    ]
+    assert all(h.destructive_hint is False and h.open_world_hint is False for h in hints.values())
+    assert {n: h.idempotent_hint for n, h in hints.items()} == {
+        "append_memory": False,
+        "recall_memory": True,
+        "replay_memory": True,
+        "list_conversations": True,
+    }
+    assert all(t.title and t.title == t.annotations.title for t in listed.tools)

@@ -64,6 +64,13 @@ def test_typescript_sdk_calls_all_four_tools(tmp_path):
     assert [
         {k: t[k] for k in ("name", "description", "inputSchema", "outputSchema")} for t in out["tools"]
     ] == reference
+    # The tool hints reach the TypeScript client too: a title each, the three reads read-only.
+    assert [t["title"] for t in out["tools"]] == [t["annotations"]["title"] for t in out["tools"]]
+    assert [t["annotations"]["readOnlyHint"] for t in out["tools"]] == [False, True, True, True]
+    assert {
+        (t["annotations"]["destructiveHint"], t["annotations"]["openWorldHint"]) for t in out["tools"]
+    } == {(False, False)}
+    assert [t["annotations"]["idempotentHint"] for t in out["tools"]] == [False, True, True, True]
 
     cid = out["conversation_id"]
     assert out["append"] == {

@@ -3,6 +3,11 @@
 Each subcommand lives in its own module exposing ``register(subparsers)``, which adds its parser and sets
 ``func`` (called with the parsed namespace, returning an exit code). Adding a subcommand is one line in
 ``SUBCOMMAND_MODULES``; modules are imported only to register, and keep heavy imports inside ``func``.
+
+Errors: a command maps the failures it expects to its own message and exit code; anything else that is an
+``OSError`` or a ``LogstoreError`` (a data dir that is a file or not writable, a full disk) is printed here
+as one line ``logstore COMMAND: message`` and exits with the command's ``failure_exit`` (1 unless the
+command says otherwise: 8 for fsck/dump/export). Exit codes are listed in docs/OPERATIONS.md.
 """
 
 from __future__ import annotations
@@ -13,28 +18,84 @@ import os
 import sys
 from collections.abc import Sequence
 
-__all__ = ["SUBCOMMAND_MODULES", "build_parser", "main", "add_data_dir_argument"]
+__all__ = [
+    "SUBCOMMAND_MODULES",
+    "EXIT_FAILURE",
+    "EXIT_USAGE",
+    "EXIT_INTERRUPTED",
+    "build_parser",
+    "main",
+    "add_data_dir_argument",
+    "data_dir_of",
+    "describe_error",
+    "package_version",
+]
 
 SUBCOMMAND_MODULES: tuple[str, ...] = (
     "tools.serve",  # logstore serve
     "tools.sites",  # logstore site add|list|remove|passwd
     "tools.fsck",  # logstore fsck|dump|export
+    "tools.erase",  # logstore conversation delete (site remove --purge is in tools.sites)
+    "tools.backup",  # logstore backup|restore
 )
 
+EXIT_FAILURE = 1  # the operation failed (unknown site, port in use, data dir unusable, ...)
+EXIT_USAGE = 2  # bad argument or setting (argparse uses 2 as well)
+EXIT_INTERRUPTED = 130  # Ctrl-C
 
-def add_data_dir_argument(parser: argparse.ArgumentParser) -> None:
-    """The shared ``--data-dir`` option (default ``$LOGSTORE_DATA_DIR`` or ``./data``)."""
+
+def default_data_dir() -> str:
+    return os.environ.get("LOGSTORE_DATA_DIR", "./data")
+
+
+def add_data_dir_argument(parser: argparse.ArgumentParser, *, default: bool = True) -> None:
+    """The shared ``--data-dir`` option (default ``$LOGSTORE_DATA_DIR`` or ``./data``). With
+    ``default=False`` the value stays None when not given (commands that also take a positional alias)."""
     parser.add_argument(
         "--data-dir",
-        default=os.environ.get("LOGSTORE_DATA_DIR", "./data"),
+        default=default_data_dir() if default else None,
         help="data directory (env LOGSTORE_DATA_DIR; default ./data)",
     )
 
 
+def data_dir_of(args: argparse.Namespace, positional: str | None) -> str:
+    """The data dir from ``--data-dir``, the older positional form, or the environment/default.
+    Raises ValueError when both forms are given and disagree."""
+    option = args.data_dir
+    if positional and option and os.path.abspath(positional) != os.path.abspath(option):
+        raise ValueError(f"data dir given twice: {positional!r} and --data-dir {option!r}")
+    return positional or option or default_data_dir()
+
+
+def describe_error(exc: BaseException) -> str:
+    """One line for an OSError (what failed, on which path) or any other error."""
+    if isinstance(exc, OSError) and exc.strerror:
+        where = f": {exc.filename}" if exc.filename else ""
+        hint = ""
+        if isinstance(exc, PermissionError):
+            hint = " (is the data dir writable by this user?)"
+        elif isinstance(exc, NotADirectoryError):
+            hint = " (the data dir, or a directory in it, is a file)"
+        return f"{exc.strerror}{where}{hint}"
+    return str(exc) or type(exc).__name__
+
+
+def package_version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("logstore")
+    except metadata.PackageNotFoundError:  # pragma: no cover - running from a bare checkout
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="logstore", description="Durable, append-only conversation memory for AI agents."
+        prog="logstore",
+        description="Durable, append-only conversation memory for AI agents: the MCP server and the "
+        "operator tools. Exit codes: docs/OPERATIONS.md.",
     )
+    parser.add_argument("--version", action="version", version=f"logstore {package_version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module_name in SUBCOMMAND_MODULES:
         importlib.import_module(module_name).register(subparsers)
@@ -46,7 +107,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
+    except Exception as exc:
+        from logstore.errors import LogstoreError  # here: `logstore --help` must not load the engine
+
+        if not isinstance(exc, OSError | LogstoreError):
+            raise
+        action = getattr(args, "site_command", None) or getattr(args, "conversation_command", None)
+        name = f"{args.command} {action}" if action else args.command
+        print(f"logstore {name}: {describe_error(exc)}", file=sys.stderr)
+        return int(getattr(args, "failure_exit", EXIT_FAILURE))
 
 
 if __name__ == "__main__":

@@ -25,20 +25,17 @@ EXIT_UNCORRECTED = 4
 EXIT_OPERATIONAL = 8
 
 
-def _default_data_dir() -> str:
-    return os.environ.get("LOGSTORE_DATA_DIR", "./data")
-
-
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from .cli import add_data_dir_argument
+
     fsck = subparsers.add_parser(
         "fsck",
         help="verify (and --repair) a data dir: frames, seqs, indexes, manifests, files",
-        description="Verify a data dir; safe while servers run on it. Exit: 0 clean, 1 all errors "
-        "corrected, 4 errors left, 8 operational error (OR-ed, as e2fsck).",
+        description="Verify a data dir; safe while servers run on it (docs/FSCK.md). Exit: 0 clean, "
+        "1 all errors corrected, 4 errors left, 8 operational error (OR-ed, as e2fsck).",
     )
-    fsck.add_argument(
-        "data_dir", nargs="?", default=None, help="data dir (default $LOGSTORE_DATA_DIR or ./data)"
-    )
+    fsck.add_argument("data_dir_positional", nargs="?", metavar="DATA_DIR", help="same as --data-dir")
+    add_data_dir_argument(fsck, default=False)
     fsck.add_argument("--site", help="check only this site")
     fsck.add_argument("--conversation", help="check only this conversation (in --site, or every site)")
     fsck.add_argument(
@@ -59,30 +56,76 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     fsck.add_argument(
         "--lock-timeout", type=float, default=5.0, help="seconds to wait for each lock (default 5)"
     )
-    fsck.set_defaults(func=cmd_fsck)
+    fsck.set_defaults(func=cmd_fsck, failure_exit=EXIT_OPERATIONAL)
 
-    dump = subparsers.add_parser("dump", help="print a conversation log frame by frame (like kafka-dump-log)")
-    dump.add_argument("data_dir", nargs="?", help="data dir")
-    dump.add_argument("site", nargs="?")
-    dump.add_argument("conversation", nargs="?")
+    dump = subparsers.add_parser(
+        "dump",
+        help="print a conversation log frame by frame (like kafka-dump-log)",
+        description="Print every frame of a conversation log as it is on disk, bad ones included "
+        "(takes no lock). Exit: 0, 4 a bad frame was shown, 8 no such log or operational error.",
+    )
+    _conversation_args(dump, required=False)
     dump.add_argument("--file", help="dump this file instead (e.g. a .broken-* file a repair saved)")
     dump.add_argument("--from-seq", type=int, default=0, help="start at the frame holding this seq")
     dump.add_argument("--items", action="store_true", help="print each item's payload too")
-    dump.set_defaults(func=cmd_dump)
+    dump.add_argument("--json", action="store_true", help="one JSON object per frame (JSON Lines)")
+    dump.set_defaults(func=cmd_dump, failure_exit=EXIT_OPERATIONAL)
 
-    export = subparsers.add_parser("export", help="write a conversation as JSON Lines, one item per line")
-    _conversation_args(export)
+    export = subparsers.add_parser(
+        "export",
+        help="write a conversation as JSON Lines, one item per line",
+        description="Write every acknowledged item of a conversation as JSON Lines "
+        '({"seq", "recorded_at", "payload"}), a consistent snapshot taken under the conversation lock. '
+        "Exit: 0, 4 stopped at corruption (everything before it was written), 8 no such conversation "
+        "or operational error.",
+    )
+    _conversation_args(export, required=True)
     export.add_argument("--out", help="output file (default stdout)")
     export.add_argument(
         "--lock-timeout", type=float, default=5.0, help="seconds to wait for the conversation lock"
     )
-    export.set_defaults(func=cmd_export)
+    export.set_defaults(func=cmd_export, failure_exit=EXIT_OPERATIONAL)
 
 
-def _conversation_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("data_dir", help="data dir")
-    parser.add_argument("site")
-    parser.add_argument("conversation")
+def _conversation_args(parser: argparse.ArgumentParser, *, required: bool) -> None:
+    from .cli import add_data_dir_argument
+
+    parser.add_argument(
+        "where",
+        nargs="*",
+        metavar="[DATA_DIR] SITE CONVERSATION",
+        help="the conversation (the older form with a leading DATA_DIR is still accepted)",
+    )
+    add_data_dir_argument(parser, default=False)
+    parser.set_defaults(where_required=required)
+
+
+def _where(args: argparse.Namespace) -> tuple[str, str, str] | None:
+    """(data dir, site, conversation) from ``[DATA_DIR] SITE CONVERSATION`` and ``--data-dir``; None if
+    none were given; raises _Usage for any other count."""
+    from .cli import data_dir_of
+
+    if not args.where:
+        return None
+    if len(args.where) not in (2, 3):
+        raise _Usage("expected SITE CONVERSATION (optionally after DATA_DIR)")
+    positional = args.where[0] if len(args.where) == 3 else None
+    site, conversation = args.where[-2:]
+    try:
+        return data_dir_of(args, positional), site, conversation
+    except ValueError as exc:
+        raise _Usage(str(exc)) from exc
+
+
+class _Usage(Exception):
+    """A usage error: exit 2, as argparse's own."""
+
+
+def _usage(command: str, message: object) -> int:
+    from .cli import EXIT_USAGE
+
+    print(f"logstore {command}: {message}", file=sys.stderr)
+    return EXIT_USAGE
 
 
 def _fail(command: str, message: object) -> int:
@@ -160,7 +203,12 @@ def cmd_fsck(args: argparse.Namespace) -> int:
     from logstore.check import check
     from logstore.errors import LogstoreError
 
-    data_dir = args.data_dir or _default_data_dir()
+    from .cli import data_dir_of
+
+    try:
+        data_dir = data_dir_of(args, args.data_dir_positional)
+    except ValueError as exc:
+        return _usage("fsck", exc)
     bar = None
     if not (args.json or args.quiet) and sys.stderr.isatty():
         bar = ProgressBar(sys.stderr)
@@ -212,6 +260,24 @@ def _format_record(record: DumpRecord) -> str:
     return " ".join(parts)
 
 
+def _record_json(record: DumpRecord) -> dict[str, object]:
+    from logstore.models import micros_to_datetime, rfc3339
+
+    out: dict[str, object] = {"offset": record.offset, "size": record.size, "status": record.status}
+    if record.first_seq is not None and record.count is not None:
+        out.update(first_seq=record.first_seq, count=record.count)
+    if record.recorded_at is not None:
+        try:
+            out["recorded_at"] = rfc3339(micros_to_datetime(record.recorded_at))
+        except (OverflowError, ValueError):
+            out["recorded_at_us"] = record.recorded_at
+    if record.write_start is not None:
+        out["write_start"] = record.write_start
+    if record.items:
+        out["items"] = [raw.decode("utf-8", "replace") for raw in record.items]
+    return out
+
+
 def cmd_dump(args: argparse.Namespace) -> int:
     from logstore.conversation import ConversationPaths
     from logstore.errors import LogstoreError
@@ -220,26 +286,33 @@ def cmd_dump(args: argparse.Namespace) -> int:
     from logstore.logdump import dump_frames
     from logstore.store import conversation_paths
 
+    try:
+        where = _where(args)
+        if args.from_seq < 0:
+            raise _Usage(f"--from-seq must be >= 0, got {args.from_seq}")
+        if (args.file is None) == (where is None):
+            raise _Usage("give SITE CONVERSATION (with --data-dir) or --file, exactly one of them")
+    except _Usage as exc:
+        return _usage("dump", exc)
     what = ""
     try:
-        if args.from_seq < 0:
-            raise ValueError(f"--from-seq must be >= 0, got {args.from_seq}")
         if args.file is not None:
-            if args.data_dir or args.site or args.conversation:
-                raise ValueError("give either DATA_DIR SITE CONVERSATION or --file, not both")
             what = args.file
             paths = ConversationPaths(os.path.dirname(args.file), args.file, "", "")  # no index: scan
         else:
-            if not (args.data_dir and args.site and args.conversation):
-                raise ValueError("DATA_DIR SITE CONVERSATION (or --file) are required")
-            validate_site(args.site)
-            validate_conversation_id(args.conversation)
-            what = f"conversation {args.conversation} in site {args.site}"
-            paths = conversation_paths(os.path.abspath(args.data_dir), args.site, args.conversation)
+            assert where is not None
+            data_dir, site, conversation = where
+            validate_site(site)
+            validate_conversation_id(conversation)
+            what = f"conversation {conversation} in site {site}"
+            paths = conversation_paths(os.path.abspath(data_dir), site, conversation)
         bad = 0
         out = sys.stdout
         for record in dump_frames(OS_FILE_OPS, paths, from_seq=args.from_seq, items=args.items):
             bad += not record.ok
+            if args.json:
+                out.write(json.dumps(_record_json(record)) + "\n")
+                continue
             out.write(_format_record(record) + "\n")
             for k, raw in enumerate(record.items):
                 seq = (record.first_seq or 0) + k
@@ -263,13 +336,22 @@ def cmd_export(args: argparse.Namespace) -> int:
     from logstore.store import conversation_paths
 
     try:
-        validate_site(args.site)
-        validate_conversation_id(args.conversation)
-        if not os.path.isdir(args.data_dir):
-            raise ValueError(f"data dir {args.data_dir} does not exist")
+        where = _where(args)
+        if where is None:
+            raise _Usage("SITE CONVERSATION are required")
+    except _Usage as exc:
+        return _usage("export", exc)
+    data_dir, site, conversation = where
+    try:
+        validate_site(site)
+        validate_conversation_id(conversation)
+        if not os.path.isdir(data_dir):
+            raise ValueError(f"data dir {data_dir} does not exist")
     except (LogstoreError, ValueError) as exc:
         return _fail("export", exc)
-    paths = conversation_paths(os.path.abspath(args.data_dir), args.site, args.conversation)
+    paths = conversation_paths(os.path.abspath(data_dir), site, conversation)
+    if not os.path.exists(paths.log):  # as dump: an unknown site or conversation is an error, not silence
+        return _fail("export", f"no log for conversation {conversation} in site {site}")
     try:
         out = open(args.out, "wb") if args.out else sys.stdout.buffer  # noqa: SIM115 - closed below
     except OSError as exc:

@@ -10,19 +10,30 @@ from __future__ import annotations
 
 import argparse
 import base64
+import errno
 import ipaddress
 import logging
+import shlex
+import socket
 import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from server.config import ServeConfig
 
-__all__ = ["register", "quickstart_text", "cmd_serve"]
+__all__ = ["register", "quickstart_text", "cmd_serve", "check_bindable", "SNIPPET_BEGIN", "SNIPPET_END"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = subparsers.add_parser("serve", help="run the MCP server")
+    p = subparsers.add_parser(
+        "serve",
+        help="run the MCP server",
+        description="Serve the four memory tools over streamable HTTP at /mcp (HTTP Basic auth, one "
+        "site per user), or to one local client over stdin/stdout (--stdio). On a data dir with no sites "
+        "the first HTTP start creates the site 'local' and prints how to connect, once. Every flag has a "
+        "LOGSTORE_* variable; flags win. Exit: 0 stopped, 1 cannot start (port in use, data dir "
+        "unusable), 2 bad setting, 130 interrupted.",
+    )
     # Defaults are None so that environment variables (then built-in defaults) fill what was not given.
     p.add_argument("--data-dir", help="data directory (env LOGSTORE_DATA_DIR; default ./data)")
     p.add_argument("--host", help="bind address (env LOGSTORE_HOST; default 127.0.0.1)")
@@ -86,12 +97,20 @@ def endpoint_url(host: str, port: int, tls: bool) -> str:
     return f"{'https' if tls else 'http'}://{_display_host(host)}:{port}/mcp"
 
 
-def quickstart_text(url: str, site: str, password: str, data_dir: str) -> str:
+SNIPPET_BEGIN = "# --- logstore quickstart (Python) ---"
+SNIPPET_END = "# --- end of quickstart ---"
+
+
+def quickstart_text(url: str, site: str, password: str, data_dir: str, *, python: str | None = None) -> str:
+    """The one-time banner. The Python snippet is flush-left between two comment lines, so that it runs
+    exactly as printed (pasted into a file, or the whole block into ``python -``)."""
     token = base64.b64encode(f"{site}:{password}".encode()).decode("ascii")
     header = f"Authorization: Basic {token}"
+    python = python or sys.executable
+    passwd = shlex.join(["logstore", "site", "passwd", site, "--data-dir", data_dir])
     return f"""\
 Created site '{site}' in {data_dir}. Its password is shown only now (it is stored hashed);
-`logstore site passwd {site} --data-dir {data_dir}` sets a new one.
+`{passwd}` sets a new one.
 
   MCP endpoint:   {url}
   Site/password:  {site} / {password}
@@ -100,25 +119,58 @@ Created site '{site}' in {data_dir}. Its password is shown only now (it is store
 Claude Code:
   claude mcp add --transport http logstore {url} --header "{header}"
 
-Python (mcp SDK 2.x):
-  import asyncio
-  import httpx2
-  from mcp import Client
-  from mcp.client.streamable_http import streamable_http_client
+Python (mcp SDK 2.x): this server's interpreter has the packages, so save the lines below as demo.py and
+run `{shlex.quote(python)} demo.py`; for your own interpreter: `python -m pip install 'mcp>=2.0'`
+(it brings httpx2).
+{SNIPPET_BEGIN}
+import asyncio
+import httpx2
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
 
-  async def main():
-      async with httpx2.AsyncClient(auth=httpx2.BasicAuth("{site}", "{password}")) as http:
-          async with Client(streamable_http_client("{url}", http_client=http)) as client:
-              ack = await client.call_tool(
-                  "append_memory",
-                  {{"conversation_id": "demo-conversation-1", "items": [{{"role": "user", "text": "hi"}}]}},
-              )
-              print(ack.structured_content)  # {{'first_seq': 0, 'last_seq': 0}}
-              recent = await client.call_tool("recall_memory", {{"conversation_id": "demo-conversation-1"}})
-              print(recent.structured_content["items"])
 
-  asyncio.run(main())
+async def main():
+    async with httpx2.AsyncClient(auth=httpx2.BasicAuth("{site}", "{password}")) as http:
+        async with Client(streamable_http_client("{url}", http_client=http)) as client:
+            ack = await client.call_tool(
+                "append_memory",
+                {{"conversation_id": "demo-conversation-1", "items": [{{"role": "user", "text": "hi"}}]}},
+            )
+            print(ack.structured_content)  # {{'first_seq': 0, 'last_seq': 0}}
+            recent = await client.call_tool("recall_memory", {{"conversation_id": "demo-conversation-1"}})
+            print(recent.structured_content["items"])
+
+
+asyncio.run(main())
+{SNIPPET_END}
 """
+
+
+def check_bindable(host: str, port: int) -> None:
+    """Fail before anything is created or printed if the server could not listen on ``host:port``.
+
+    A probe bind made the way uvicorn binds (address family from the host's form, SO_REUSEADDR): a port
+    held by a listening socket fails here (also one opened with SO_REUSEPORT, since the probe does not
+    set it); sockets in TIME_WAIT do not. The port could still be taken between this probe and the real
+    bind; then uvicorn reports it."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host.strip("[]"), port))
+        except socket.gaierror as exc:
+            raise StartupError(f"cannot resolve --host {host!r}: {exc.strerror}") from exc
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise StartupError(
+                    f"port {port} on {host} is already in use (another server?); choose another with "
+                    "--port or LOGSTORE_PORT (make serve PORT=...)"
+                ) from exc
+            raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+
+
+class StartupError(Exception):
+    """The server cannot start (exit 1): said before the data dir is touched."""
 
 
 def _first_run_setup(config: ServeConfig) -> None:
@@ -176,6 +228,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if config.stdio:
         run_stdio(config)
         return 0
+    try:
+        check_bindable(config.host, config.port)
+    except StartupError as exc:
+        print(f"logstore serve: {exc}", file=sys.stderr)
+        return 1
     _first_run_setup(config)
     if config.ssl_certfile is None and not _is_loopback(config.host):
         logging.getLogger("logstore.server").warning(

@@ -2,12 +2,16 @@
 
 ``site add`` prints the password alone on the last line of stdout, so scripts can take ``| tail -n1``.
 Removing a site revokes its credentials only; its stored conversations stay on disk (and become reachable
-again if a site of the same name is added later).
+again if a site of the same name is added later) unless ``--purge`` erases them too (logstore.erasure).
+
+Exit codes: 0 done, 1 failed (site exists / unknown, data dir missing or unusable), 2 bad argument.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 
 __all__ = ["register", "read_password_stdin"]
@@ -16,25 +20,62 @@ __all__ = ["register", "read_password_stdin"]
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     from .cli import add_data_dir_argument
 
-    site = subparsers.add_parser("site", help="manage sites (one site = one Basic-auth user and its data)")
+    site = subparsers.add_parser(
+        "site",
+        help="manage sites (one site = one Basic-auth user and its data)",
+        description="Manage the sites of a data dir: each site is one HTTP Basic user and its own "
+        "conversations. Running servers pick up changes within a second.",
+    )
     actions = site.add_subparsers(dest="site_command", metavar="ACTION", required=True)
 
-    add = actions.add_parser("add", help="create a site; prints its password on the last line")
+    add = actions.add_parser(
+        "add",
+        help="create a site; prints its password on the last line",
+        description="Create a site. Its password is generated (printed alone on the last line of "
+        "stdout) or read from stdin with --password-stdin; it is stored scrypt-hashed. Creates the data "
+        "dir if needed. Exit: 0 created, 1 exists, 2 bad name or empty password.",
+    )
     add.add_argument("name", help="site name: 1-64 characters from [A-Za-z0-9_-]")
     add.add_argument("--password-stdin", action="store_true", help="read the password from stdin")
     add_data_dir_argument(add)
     add.set_defaults(func=cmd_add)
 
-    ls = actions.add_parser("list", help="list sites, one per line")
+    ls = actions.add_parser(
+        "list",
+        help="list sites, one per line",
+        description="List the sites of a data dir, one per line (or --json). Exit: 0, or 1 if the data "
+        "dir does not exist.",
+    )
+    ls.add_argument("--json", action="store_true", help='print {"sites": [...]}')
     add_data_dir_argument(ls)
     ls.set_defaults(func=cmd_list)
 
-    rm = actions.add_parser("remove", help="revoke a site's credentials (its data stays on disk)")
+    rm = actions.add_parser(
+        "remove",
+        help="revoke a site's credentials (--purge: and erase all its data)",
+        description="Revoke a site's credentials. Its conversations stay on disk unless --purge is given: "
+        "then, after the credentials are revoked and running servers have noticed (--grace seconds), "
+        "the site's directory is renamed away in one atomic step and deleted (docs/OPERATIONS.md, "
+        "Erasure). Exit: 0 done, 1 unknown site or failure.",
+    )
     rm.add_argument("name")
+    rm.add_argument("--purge", action="store_true", help="also erase every conversation of the site")
+    rm.add_argument(
+        "--grace",
+        type=float,
+        default=2.0,
+        help="with --purge: seconds to wait after revoking, for running servers to stop admitting the site "
+        "(they re-read credentials within 1 s; default 2)",
+    )
     add_data_dir_argument(rm)
     rm.set_defaults(func=cmd_remove)
 
-    pw = actions.add_parser("passwd", help="set a new password for a site; prints it on the last line")
+    pw = actions.add_parser(
+        "passwd",
+        help="set a new password for a site; prints it on the last line",
+        description="Set a new password for a site (generated, or --password-stdin); the old one stops "
+        "working on running servers within a second. Exit: 0, 1 unknown site, 2 empty password.",
+    )
     pw.add_argument("name")
     pw.add_argument("--password-stdin", action="store_true", help="read the password from stdin")
     add_data_dir_argument(pw)
@@ -78,20 +119,45 @@ def cmd_add(args: argparse.Namespace) -> int:
 def cmd_list(args: argparse.Namespace) -> int:
     from server.credentials import CredentialsFile
 
-    for name in CredentialsFile(args.data_dir).sites():
-        print(name)
+    if not os.path.isdir(args.data_dir):
+        print(
+            f"logstore site list: no data dir at {args.data_dir} (or it is not a directory)", file=sys.stderr
+        )
+        return 1
+    sites = CredentialsFile(args.data_dir).sites()
+    if args.json:
+        print(json.dumps({"data_dir": os.path.abspath(args.data_dir), "sites": sites}))
+    else:
+        for name in sites:
+            print(name)
     return 0
 
 
 def cmd_remove(args: argparse.Namespace) -> int:
+    import time
+
+    from logstore.erasure import purge_site
     from server.credentials import CredentialsFile, UnknownSite
 
     try:
         CredentialsFile(args.data_dir).remove(args.name)
     except UnknownSite:
-        print(f"logstore site remove: no site '{args.name}'", file=sys.stderr)
+        if not args.purge:
+            print(f"logstore site remove: no site '{args.name}'", file=sys.stderr)
+            return 1
+        revoked = False  # already revoked (e.g. an interrupted purge): finish erasing its data
+    else:
+        revoked = True
+    if not args.purge:
+        print(f"removed site '{args.name}' (its credentials are revoked; its data stays on disk)")
+        return 0
+    if revoked and args.grace > 0:
+        time.sleep(args.grace)
+    erased = purge_site(args.data_dir, args.name)
+    if not revoked and not erased:
+        print(f"logstore site remove: no site '{args.name}' and no data for it", file=sys.stderr)
         return 1
-    print(f"removed site '{args.name}' (its credentials are revoked; its data stays on disk)")
+    print(f"removed site '{args.name}': credentials revoked, {erased} conversation(s) erased")
     return 0
 
 

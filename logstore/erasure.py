@@ -1,0 +1,149 @@
+"""Erasure: remove one conversation, or every conversation of a site, for right-to-erasure requests.
+
+Erasing a conversation, under its lock (``locking.held(paths.lock)``: the flock every append takes):
+
+1. unlink its other files (index, ``.broken-*`` bytes a repair saved, temp files), directory fsync —
+   the index goes first: an index left without its log would describe a later log of the same id;
+2. unlink the log, directory fsync — the commit point: before it the conversation is whole (an index
+   is only a hint, rebuilt from the log), after it none of it is on disk;
+3. append an erasure record to the site's manifest journal (fdatasynced), so the listing of every
+   process drops it. A crash before this record leaves a manifest entry whose log is gone; every
+   ``Store`` drops it when it loads the manifest (reconciliation), and running the erasure again writes
+   the record.
+
+Other processes may hold the conversation open (``serve --workers N``). Their next append takes the same
+lock and refreshes against the file; the refresh sees that the path no longer names their open log
+(``FileOps.same_file``), reloads, and starts a new, empty conversation in a new file: an append is never
+acknowledged into the unlinked inode. Reads check the same before serving from their descriptor.
+
+The ``.lock`` file stays (a waiter blocked on an unlinked lock file would lock nothing); it holds no data.
+Purging a site erases each conversation as above, then deletes what is left of the site's directory
+(manifest, lock files, directories). Blocks freed by ``unlink`` are not overwritten: see
+docs/OPERATIONS.md (Erasure) for backups and the storage layer.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from dataclasses import dataclass
+
+from .fileio import OS_FILE_OPS, FileOps
+from .ids import is_valid_id, validate_conversation_id, validate_site
+from .locking import held
+from .manifest import SiteManifest
+from .store import conversation_paths
+
+__all__ = ["ErasureResult", "erase_conversation", "purge_site", "site_conversations"]
+
+
+@dataclass(frozen=True, slots=True)
+class ErasureResult:
+    conversation_id: str
+    had_log: bool  # False: there was no log (already erased, or never appended to)
+    files_removed: int
+
+
+def erase_conversation(
+    data_dir: str | os.PathLike[str],
+    site: str,
+    conversation_id: str,
+    *,
+    file_ops: FileOps = OS_FILE_OPS,
+    lock_timeout: float = 5.0,
+) -> ErasureResult:
+    """Remove the conversation's files (crash-safe, module docstring). Raises ``Timeout`` if its lock is
+    busy for ``lock_timeout`` seconds; erasing a conversation that is not there is a no-op (it still
+    writes the manifest record, which completes an erasure a crash interrupted)."""
+    site = validate_site(site)
+    conversation_id = validate_conversation_id(conversation_id)
+    root = os.path.abspath(os.fspath(data_dir))
+    paths = conversation_paths(root, site, conversation_id)
+    if not file_ops.exists(paths.directory):
+        return ErasureResult(conversation_id, False, 0)
+    with held(paths.lock, lock_timeout):
+        keep = {os.path.basename(paths.log), os.path.basename(paths.lock)}
+        prefix = conversation_id + "."  # ids never contain '.', so the prefix names this conversation only
+        extras = sorted(
+            os.path.join(paths.directory, name)
+            for name in file_ops.listdir(paths.directory)
+            if name.startswith(prefix) and name not in keep
+        )
+        for path in extras:
+            file_ops.unlink(path)
+        if extras:
+            file_ops.fsync_dir(paths.directory)
+        had_log = file_ops.exists(paths.log)
+        if had_log:
+            file_ops.unlink(paths.log)
+            file_ops.fsync_dir(paths.directory)  # the commit point
+        _manifest(file_ops, root, site).record_erased(conversation_id)
+    return ErasureResult(conversation_id, had_log, len(extras) + had_log)
+
+
+def _manifest(ops: FileOps, root: str, site: str) -> SiteManifest:
+    # Never loaded: record_erased appends to the newest journal without reading the site's state.
+    return SiteManifest(
+        ops, os.path.join(root, "sites", site), site=site, cursor_key=b"", open_conversation=lambda cid: None
+    )
+
+
+def site_conversations(
+    data_dir: str | os.PathLike[str], site: str, *, file_ops: FileOps = OS_FILE_OPS
+) -> list[str]:
+    """Every conversation id that has any file (log, index, saved bytes) under the site, sorted."""
+    root = os.path.join(os.path.abspath(os.fspath(data_dir)), "sites", validate_site(site), "conversations")
+    found: set[str] = set()
+    for d1 in _listdir(file_ops, root):
+        for d2 in _listdir(file_ops, os.path.join(root, d1)):
+            for name in _listdir(file_ops, os.path.join(root, d1, d2)):
+                cid = name.partition(".")[0]
+                if is_valid_id(cid) and not name.endswith(".lock"):
+                    found.add(cid)
+    return sorted(found)
+
+
+def _listdir(ops: FileOps, path: str) -> list[str]:
+    try:
+        return ops.listdir(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def purge_site(
+    data_dir: str | os.PathLike[str],
+    site: str,
+    *,
+    file_ops: FileOps = OS_FILE_OPS,
+    lock_timeout: float = 5.0,
+) -> int:
+    """Erase every conversation of ``site``, then delete its directory. Returns how many conversations
+    held a log. The caller revokes the site's credentials first, so that no server admits new appends.
+    Raises ``OSError`` (e.g. ENOTEMPTY) if something appeared in the site meanwhile: run it again."""
+    root = os.path.abspath(os.fspath(data_dir))
+    site = validate_site(site)
+    erased = 0
+    for cid in site_conversations(root, site, file_ops=file_ops):
+        erased += erase_conversation(root, site, cid, file_ops=file_ops, lock_timeout=lock_timeout).had_log
+    site_dir = os.path.join(root, "sites", site)
+    if file_ops.exists(site_dir):
+        _remove_tree(file_ops, site_dir)
+        file_ops.fsync_dir(os.path.dirname(site_dir))
+    return erased
+
+
+def _remove_tree(ops: FileOps, path: str) -> None:
+    """Bottom-up removal of what erasure leaves (lock files, the manifest, directories). Only data-free
+    files remain by now; any log that appeared since is still erased under its lock first."""
+    for name in ops.listdir(path):
+        child = os.path.join(path, name)
+        if os.path.isdir(child) and not os.path.islink(child):
+            _remove_tree(ops, child)
+            continue
+        cid = name.partition(".")[0]
+        if name.endswith(".log") and is_valid_id(cid):
+            raise OSError(
+                errno.ENOTEMPTY, "a conversation log appeared during the purge (run it again)", child
+            )
+        ops.unlink(child)
+    ops.rmdir(path)

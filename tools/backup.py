@@ -1,0 +1,101 @@
+"""``logstore backup DEST`` and ``logstore restore BACKUP``: online, incremental copies (logstore.backup).
+
+Exit codes: 0 done, 1 failed (an operational error; the destination is completed by the next run),
+2 bad argument, 4 done except for corrupt source logs it names (run ``logstore fsck`` on the source).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+__all__ = ["register", "cmd_backup", "cmd_restore"]
+
+EXIT_CORRUPT = 4
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from .cli import add_data_dir_argument
+
+    bk = subparsers.add_parser(
+        "backup",
+        help="copy the data dir to DEST while servers run (incremental)",
+        description="Copy the data dir into DEST, an ordinary data dir, while servers keep writing: every "
+        "batch acknowledged before the backup started is in it, and it passes fsck. When DEST holds an "
+        "earlier backup only what was appended since is copied; conversations erased since are removed "
+        "from it. Exit: 0 done, 1 failed (run it again), 2 bad argument, 4 corrupt source logs skipped.",
+    )
+    bk.add_argument("dest", metavar="DEST", help="backup directory (created if needed)")
+    add_data_dir_argument(bk)
+    _common(bk)
+    bk.set_defaults(func=cmd_backup)
+
+    rs = subparsers.add_parser(
+        "restore",
+        help="copy a backup back into an empty data dir",
+        description="Copy BACKUP (made by `logstore backup`) into the data dir, which must not hold any "
+        "conversation yet (stop the servers; move the damaged data dir aside first). Equivalent to "
+        "copying the backup directory back with cp -a. Exit: 0 done, 1 failed, 2 bad argument or a "
+        "non-empty data dir.",
+    )
+    rs.add_argument("backup_dir", metavar="BACKUP", help="a directory written by `logstore backup`")
+    add_data_dir_argument(rs)
+    _common(rs)
+    rs.set_defaults(func=cmd_restore)
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--lock-timeout", type=float, default=5.0, help="seconds to wait for each conversation lock"
+    )
+    parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
+
+
+def _run(command: str, args: argparse.Namespace, source: str, dest: str) -> int:
+    from logstore.backup import backup
+    from logstore.errors import InvalidArgument
+
+    from .fsck import ProgressBar
+
+    bar = ProgressBar(sys.stderr) if not args.json and sys.stderr.isatty() else None
+    try:
+        report = backup(source, dest, lock_timeout=args.lock_timeout, progress=bar)
+    except InvalidArgument as exc:
+        print(f"logstore {command}: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        if bar is not None:
+            bar.close()
+    if args.json:
+        print(json.dumps(report.__dict__))
+    else:
+        print(
+            f"{command}: {report.conversations} conversation(s), {report.bytes_total / 1e6:.1f} MB in "
+            f"{dest}; {report.bytes_copied / 1e6:.1f} MB copied this run ({report.whole_copies} whole), "
+            f"{report.removed} removed"
+        )
+    for problem in report.corrupt:
+        print(f"logstore {command}: corrupt, not copied: {problem}", file=sys.stderr)
+    return EXIT_CORRUPT if report.corrupt else 0
+
+
+def cmd_backup(args: argparse.Namespace) -> int:
+    return _run("backup", args, args.data_dir, args.dest)
+
+
+def cmd_restore(args: argparse.Namespace) -> int:
+    from logstore.backup import has_conversations
+
+    if not os.path.isdir(os.path.join(args.backup_dir, "sites")):
+        print(f"logstore restore: {args.backup_dir} is not a backup (no sites/ directory)", file=sys.stderr)
+        return 2
+    if has_conversations(args.data_dir):
+        print(
+            f"logstore restore: data dir {args.data_dir} already holds conversations; restore into a new "
+            "or empty data dir",
+            file=sys.stderr,
+        )
+        return 2
+    return _run("restore", args, args.backup_dir, args.data_dir)
