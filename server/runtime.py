@@ -1,14 +1,16 @@
 """Running the server: open the store, build the app, hand it to uvicorn (HTTP) or to stdio.
 
-``logstore serve`` (``tools/serve.py``) calls ``run_http`` or ``run_stdio``; with ``--workers N`` uvicorn
-spawns N processes that each call ``app_from_env`` and open their own ``Store`` on the same data dir (the
-engine is multi-process safe).
+``logstore serve`` (``tools/serve.py``) calls ``run_http`` or ``run_stdio``; with ``--workers N`` this
+process becomes the acceptor of ``server.workers`` and spawns N processes that each build the app from the
+environment and open their own ``Store`` on the same data dir (the engine is multi-process safe).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import socket
+import sys
 from typing import Any
 
 import anyio
@@ -20,6 +22,7 @@ from .connections import guarded_protocol
 from .handlers import StoreLike
 from .http_app import build_http_app
 from .mcp_app import build_mcp_server, spec_bindings
+from .workers import HandoffServer, Supervisor
 
 __all__ = ["open_store", "create_app", "app_from_env", "run_http", "run_stdio", "uvicorn_config"]
 
@@ -70,20 +73,26 @@ def run_http(config: ServeConfig) -> None:
     if config.workers == 1:
         uvicorn.Server(uvicorn_config(config, create_app(config))).run()
         return
-    # Workers are separate processes; they rebuild the config from the environment.
+    # Workers are separate processes; they rebuild the config from the environment. The acceptor (this
+    # process) hands them connections round robin: see server/workers.py for why not a shared socket.
     os.environ.update(config.to_env())
-    uvicorn.run(
-        "server.runtime:app_from_env",
-        factory=True,
-        workers=config.workers,
-        host=config.host,
-        port=config.port,
-        ssl_certfile=config.ssl_certfile,
-        ssl_keyfile=config.ssl_keyfile,
-        log_level=config.log_level,
-        access_log=False,
-        timeout_graceful_shutdown=10,
+    bind = uvicorn_config(config, "server.runtime:app_from_env", factory=True, workers=config.workers)
+    listener = bind.bind_socket()
+    listener.listen(bind.backlog)
+    code = Supervisor(
+        listener, config.workers, _serve_worker, shutdown_timeout=bind.timeout_graceful_shutdown or 10
+    ).run()
+    if code:
+        raise SystemExit(code)
+
+
+def _serve_worker(channel: socket.socket) -> None:
+    """Entry point of one ``--workers`` process (spawned: it starts from a fresh interpreter)."""
+    config = ServeConfig.from_env()
+    logging.basicConfig(
+        stream=sys.stderr, level=config.log_level.upper(), format="%(levelname)s %(name)s: %(message)s"
     )
+    HandoffServer(uvicorn_config(config, create_app(config)), channel).run()
 
 
 def run_stdio(config: ServeConfig) -> None:

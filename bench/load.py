@@ -1,0 +1,236 @@
+"""The bench's one MCP load driver: ``clients`` concurrent clients calling one tool over streamable HTTP.
+
+Two client kinds, both keep-alive with one connection per client, warmed up (one untimed call each) before
+a common start; calls completed inside the timed window are counted:
+
+- ``light``: raw HTTP/1.1 on asyncio streams sending byte for byte what the SDK sends for a stateless
+  2026-07-28 ``tools/call`` (its headers and its ``_meta`` body), checking status and ``isError`` of each
+  reply. About a tenth of the SDK client's CPU per call, so the server, not the client, is measured.
+- ``sdk``: ``mcp.Client`` over httpx2, what an agent runs (``mode``: ``legacy`` sessions or ``2026-07-28``).
+
+Run as ``python -m bench.load URL TOOL --clients 16 --seconds 2 --kind light`` (password in
+``LOGSTORE_BENCH_PASSWORD``); prints one JSON line: calls/s, the driver's CPU seconds and its CPU share.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+from .config import make_items
+
+__all__ = ["tool_arguments", "LightClient", "run_load", "drive_subprocess", "SITE"]
+
+SITE = "bench"
+PROTOCOL = "2026-07-28"
+ITEMS_PER_CALL, ITEM_SIZE = 10, 200
+
+
+def tool_arguments(tool: str, conversation_id: str) -> dict[str, Any]:
+    if tool == "append_memory":
+        return {"conversation_id": conversation_id, "items": make_items(ITEMS_PER_CALL, ITEM_SIZE)}
+    if tool == "recall_memory":
+        return {"conversation_id": conversation_id, "limit": 50}
+    return {}
+
+
+class LightClient:
+    """One keep-alive HTTP/1.1 connection speaking the SDK's stateless 2026-07-28 requests."""
+
+    def __init__(self, url: str, site: str, password: str) -> None:
+        parts = urlsplit(url)
+        self._host, self._port, self._path = parts.hostname or "127.0.0.1", parts.port or 80, parts.path
+        self._auth = base64.b64encode(f"{site}:{password}".encode()).decode("ascii")
+        self._id = 0
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+
+    async def __aenter__(self) -> LightClient:
+        self._reader, self._writer = await asyncio.open_connection(self._host, self._port)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._writer is not None:
+            self._writer.close()
+
+    @property
+    def local_port(self) -> int:
+        assert self._writer is not None
+        return self._writer.get_extra_info("sockname")[1]
+
+    def request_bytes(self, tool: str, arguments: dict[str, Any]) -> bytes:
+        self._id += 1
+        body = json.dumps(
+            {
+                "jsonrpc": "2.0",
+                "id": self._id,
+                "method": "tools/call",
+                "params": {
+                    "name": tool,
+                    "arguments": arguments,
+                    "_meta": {
+                        "io.modelcontextprotocol/protocolVersion": PROTOCOL,
+                        "io.modelcontextprotocol/clientInfo": {"name": "mcp", "version": "0.1.0"},
+                        "io.modelcontextprotocol/clientCapabilities": {},
+                    },
+                },
+            },
+            separators=(",", ":"),
+        ).encode()
+        head = (
+            f"POST {self._path} HTTP/1.1\r\nhost: {self._host}:{self._port}\r\n"
+            "accept-encoding: gzip, deflate\r\nconnection: keep-alive\r\nuser-agent: python-httpx2/2.16.2\r\n"
+            "accept: application/json, text/event-stream\r\ncontent-type: application/json\r\n"
+            f"mcp-protocol-version: {PROTOCOL}\r\nmcp-method: tools/call\r\nmcp-name: {tool}\r\n"
+            f"content-length: {len(body)}\r\nauthorization: Basic {self._auth}\r\n\r\n"
+        )
+        return head.encode() + body
+
+    async def call(self, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        assert self._reader is not None and self._writer is not None
+        self._writer.write(self.request_bytes(tool, arguments))
+        head = await self._reader.readuntil(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        status = int(lines[0].split()[1])
+        headers = dict(line.split(": ", 1) for line in lines[1:] if ": " in line)
+        length = {k.lower(): v for k, v in headers.items()}.get("content-length")
+        if length is None:
+            raise RuntimeError(f"reply without content-length: {head!r}")
+        body = await self._reader.readexactly(int(length))
+        if status != 200:
+            raise RuntimeError(f"HTTP {status}: {body[:300]!r}")
+        reply = json.loads(body)
+        if "error" in reply or reply["result"].get("isError"):
+            raise RuntimeError(f"{tool} failed: {body[:300]!r}")
+        return reply["result"]
+
+
+async def _sdk_session(url: str, site: str, password: str, mode: str) -> tuple[Any, Any]:
+    import contextlib
+
+    import httpx2
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    stack = contextlib.AsyncExitStack()
+    http = await stack.enter_async_context(httpx2.AsyncClient(auth=httpx2.BasicAuth(site, password)))
+    client = await stack.enter_async_context(Client(streamable_http_client(url, http_client=http), mode=mode))
+
+    async def call(tool: str, arguments: dict[str, Any]) -> Any:
+        result = await client.call_tool(tool, arguments)
+        if result.is_error:
+            raise RuntimeError(f"{tool} failed: {result.content[0].text}")
+        return result
+
+    return call, stack
+
+
+async def run_load(
+    url: str,
+    password: str,
+    tool: str,
+    *,
+    clients: int,
+    seconds: float,
+    kind: str = "light",
+    mode: str = PROTOCOL,
+    site: str = SITE,
+) -> dict[str, Any]:
+    """Calls/s summed over ``clients`` (connect + one warm-up call each untimed), and the driver's CPU."""
+
+    async def connect() -> tuple[Callable[..., Awaitable[Any]], Any]:
+        if kind == "light":
+            light = await LightClient(url, site, password).__aenter__()
+            return light.call, light
+        return await _sdk_session(url, site, password, mode)
+
+    opened = await asyncio.gather(*(connect() for _ in range(clients)))  # all connect at once
+    closers = [closer for _, closer in opened]
+    sessions = [(call, tool_arguments(tool, f"load-{uuid.uuid4().hex[:16]}")) for call, _ in opened]
+    try:
+        await asyncio.gather(*(call(tool, args) for call, args in sessions))  # warm-up
+        counts = [0] * clients
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        deadline = t0 + seconds
+
+        async def loop(i: int) -> None:
+            call, args = sessions[i]
+            while True:
+                await call(tool, args)
+                if time.perf_counter() > deadline:
+                    return
+                counts[i] += 1
+
+        await asyncio.gather(*(loop(i) for i in range(clients)))
+        cpu, wall = time.process_time() - cpu0, time.perf_counter() - t0
+    finally:
+        for closer in closers:
+            await (closer.__aexit__(None, None, None) if kind == "light" else closer.aclose())
+    return {
+        "rate": sum(counts) / seconds,
+        "calls": sum(counts),
+        "client_cpu_s": cpu,
+        "client_cores": cpu / wall,
+        "kind": kind,
+    }
+
+
+def drive_subprocess(
+    url: str, password: str, tool: str, *, clients: int, seconds: float, kind: str, mode: str = PROTOCOL
+) -> dict[str, Any]:
+    """``run_load`` in a fresh process (the driver's CPU is then its own, apart from the caller's)."""
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.load", url, tool, f"--clients={clients}", f"--seconds={seconds}"]
+        + [f"--kind={kind}", f"--mode={mode}"],
+        env={**os.environ, "LOGSTORE_BENCH_PASSWORD": password},
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120 + seconds,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"MCP load driver failed: {proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.load")
+    parser.add_argument("url")
+    parser.add_argument("tool")
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--seconds", type=float, default=2.0)
+    parser.add_argument("--kind", choices=["light", "sdk"], default="light")
+    parser.add_argument("--mode", default=PROTOCOL, help="sdk client: legacy | 2026-07-28")
+    parser.add_argument("--site", default=SITE)
+    args = parser.parse_args(argv)
+    result = asyncio.run(
+        run_load(
+            args.url,
+            os.environ["LOGSTORE_BENCH_PASSWORD"],
+            args.tool,
+            clients=args.clients,
+            seconds=args.seconds,
+            kind=args.kind,
+            mode=args.mode,
+            site=args.site,
+        )
+    )
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""``logstore serve --workers N``: connections spread evenly, dead workers replaced, clean shutdown.
+
+Which worker served a connection is read from the kernel, not from the server: the server-side socket of
+each client connection (``/proc/net/tcp``, matched on the client's port) and the worker holding that
+socket (``/proc/<pid>/fd``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from bench.load import LightClient
+from server.credentials import CredentialsFile
+from tests.server_support import serve
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+
+CLIENTS, CALLS, TRIALS = 16, 3, 10
+
+
+def worker_pids(parent: int) -> list[int]:
+    children = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
+    return [int(p) for p in children if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()]
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    return inodes
+
+
+def _server_side_inodes(server_port: int) -> dict[int, str]:
+    """client port -> inode of the server's end of that connection."""
+    out = {}
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local_port, remote_port = (int(a.split(":")[1], 16) for a in fields[1:3])
+        if local_port == server_port and remote_port != 0:
+            out[remote_port] = fields[9]
+    return out
+
+
+async def _trial(url: str, port: int, pids: list[int]) -> Counter[int]:
+    """16 clients connect at once, each makes CALLS calls on its connection; calls per worker pid."""
+    clients = [LightClient(url, "alpha", "pw") for _ in range(CLIENTS)]
+    await asyncio.gather(*(c.__aenter__() for c in clients))
+    try:
+        await asyncio.gather(*(_calls(c) for c in clients))
+        inodes = _server_side_inodes(port)
+        owner = {inode: pid for pid in pids for inode in _socket_inodes(pid)}
+        served: Counter[int] = Counter()
+        for c in clients:
+            served[owner[inodes[c.local_port]]] += CALLS
+        return served
+    finally:
+        await asyncio.gather(*(c.__aexit__() for c in clients))
+
+
+async def _calls(client: LightClient) -> None:
+    for _ in range(CALLS):
+        await client.call("list_conversations", {})
+
+
+def test_sixteen_clients_connecting_at_once_spread_over_two_workers(tmp_path):
+    CredentialsFile(str(tmp_path)).add("alpha", "pw")
+    with serve(tmp_path, "--workers", "2") as server:
+        pids = worker_pids(server.proc.pid)
+        assert len(pids) == 2
+        shares = []
+        for _ in range(TRIALS):
+            served = asyncio.run(_trial(server.url, server.port, pids))
+            assert sum(served.values()) == CLIENTS * CALLS
+            shares.append(served[pids[0]] / (CLIENTS * CALLS))
+        assert all(0.35 <= s <= 0.65 for s in shares), shares
+
+
+def test_a_dead_worker_is_replaced_and_signals_stop_everything(tmp_path):
+    CredentialsFile(str(tmp_path)).add("alpha", "pw")
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with serve(tmp_path, "--workers", "2") as server:
+            before = worker_pids(server.proc.pid)
+            os.kill(before[0], signal.SIGKILL)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                now = worker_pids(server.proc.pid)
+                if len(now) == 2 and before[0] not in now:
+                    break
+                time.sleep(0.1)
+            assert len(now) == 2 and before[0] not in now and before[1] in now
+            # the replacement joins the rotation once its startup is done (meanwhile the survivor serves)
+            while time.monotonic() < deadline:
+                served = asyncio.run(_trial(server.url, server.port, now))
+                if len(served) == 2:
+                    break
+                time.sleep(0.2)
+            assert sorted(served.values()) == [CLIENTS * CALLS // 2] * 2
+            server.proc.send_signal(sig)
+            assert server.proc.wait(timeout=20) == 0
+            for pid in now:  # every worker exited (and was reaped by the supervisor)
+                assert not Path(f"/proc/{pid}").exists()
+        assert "died" in server.stdout()
