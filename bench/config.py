@@ -37,6 +37,9 @@ class Profile:
     mcp_seconds: float
     crash_items: int  # P7: items in the conversation at the time of the kill
     fsck_mb: int  # P8: MB of log data verified
+    peer_items: int  # P12: items in the conversation for the "full" state (0: P12 skipped)
+    peer_seconds: float  # P12: seconds of writes per session
+    peer_reads: int  # P12: timed reads per session
 
     def scaled(self, **changes: Any) -> Profile:
         return replace(self, **changes)
@@ -59,6 +62,9 @@ PROFILES = {
         mcp_seconds=5.0,
         crash_items=100_000,
         fsck_mb=256,
+        peer_items=50_000,
+        peer_seconds=2.0,
+        peer_reads=2,  # the peer's read_graph takes ~5 s at 50k items
     ),
     "quick": Profile(
         name="quick",
@@ -76,6 +82,9 @@ PROFILES = {
         mcp_seconds=1.5,
         crash_items=100_000,
         fsck_mb=32,
+        peer_items=50_000,
+        peer_seconds=1.0,
+        peer_reads=1,
     ),
     "tiny": Profile(
         name="tiny",
@@ -93,6 +102,9 @@ PROFILES = {
         mcp_seconds=0.3,
         crash_items=2_000,
         fsck_mb=1,
+        peer_items=0,  # starts node (and npm) processes: tests/test_bench_peer.py covers it instead
+        peer_seconds=0.2,
+        peer_reads=1,
     ),
 }
 

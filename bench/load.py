@@ -17,15 +17,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import urlsplit
 
+from . import procfs
 from .config import make_items
 
 __all__ = ["tool_arguments", "LightClient", "run_load", "drive_subprocess", "SITE"]
@@ -114,24 +116,22 @@ class LightClient:
         return reply["result"]
 
 
-async def _sdk_session(url: str, site: str, password: str, mode: str) -> tuple[Any, Any]:
-    import contextlib
-
+@contextlib.asynccontextmanager
+async def _sdk_session(url: str, site: str, password: str, mode: str) -> AsyncIterator[Any]:
     import httpx2
     from mcp import Client
     from mcp.client.streamable_http import streamable_http_client
 
-    stack = contextlib.AsyncExitStack()
-    http = await stack.enter_async_context(httpx2.AsyncClient(auth=httpx2.BasicAuth(site, password)))
-    client = await stack.enter_async_context(Client(streamable_http_client(url, http_client=http), mode=mode))
+    async with httpx2.AsyncClient(auth=httpx2.BasicAuth(site, password)) as http:
+        async with Client(streamable_http_client(url, http_client=http), mode=mode) as client:
 
-    async def call(tool: str, arguments: dict[str, Any]) -> Any:
-        result = await client.call_tool(tool, arguments)
-        if result.is_error:
-            raise RuntimeError(f"{tool} failed: {result.content[0].text}")
-        return result
+            async def call(tool: str, arguments: dict[str, Any]) -> Any:
+                result = await client.call_tool(tool, arguments)
+                if result.is_error:
+                    raise RuntimeError(f"{tool} failed: {result.content[0].text}")
+                return result
 
-    return call, stack
+            yield call
 
 
 async def run_load(
@@ -144,48 +144,84 @@ async def run_load(
     kind: str = "light",
     mode: str = PROTOCOL,
     site: str = SITE,
+    server_pid: int | None = None,
 ) -> dict[str, Any]:
-    """Calls/s summed over ``clients`` (connect + one warm-up call each untimed), and the driver's CPU."""
+    """Calls/s summed over ``clients`` (connect + one warm-up call each untimed), and the driver's CPU.
 
-    async def connect() -> tuple[Callable[..., Awaitable[Any]], Any]:
+    With ``server_pid`` (a server on this machine): also the server's CPU seconds over the window (all its
+    processes) and, for light clients, the calls served by each worker process."""
+    counts = [0] * clients
+    ports: list[int] = [0] * clients
+    warmed, done = asyncio.Semaphore(0), asyncio.Semaphore(0)
+    start, measured = asyncio.Event(), asyncio.Event()
+    window: dict[str, float] = {}
+
+    async def client(i: int) -> None:
+        # Each client lives in one task: the SDK's sessions must be left in the task that entered them.
+        args = tool_arguments(tool, f"load-{uuid.uuid4().hex[:16]}")
         if kind == "light":
-            light = await LightClient(url, site, password).__aenter__()
-            return light.call, light
-        return await _sdk_session(url, site, password, mode)
+            session: Any = LightClient(url, site, password)
+        else:
+            session = _sdk_session(url, site, password, mode)
+        async with session as entered:
+            call = entered.call if kind == "light" else entered
+            ports[i] = entered.local_port if kind == "light" else 0
+            await call(tool, args)
+            warmed.release()
+            await start.wait()
+            try:
+                while True:
+                    await call(tool, args)
+                    if time.perf_counter() > window["end"]:
+                        break
+                    counts[i] += 1
+            finally:
+                done.release()
+            await measured.wait()  # connections stay open until the server side has been read
 
-    opened = await asyncio.gather(*(connect() for _ in range(clients)))  # all connect at once
-    closers = [closer for _, closer in opened]
-    sessions = [(call, tool_arguments(tool, f"load-{uuid.uuid4().hex[:16]}")) for call, _ in opened]
-    try:
-        await asyncio.gather(*(call(tool, args) for call, args in sessions))  # warm-up
-        counts = [0] * clients
+    async def conductor() -> dict[str, Any]:
+        for _ in range(clients):
+            await warmed.acquire()
+        server_cpu0 = procfs.tree_cpu_seconds(server_pid) if server_pid else 0.0
         cpu0, t0 = time.process_time(), time.perf_counter()
-        deadline = t0 + seconds
-
-        async def loop(i: int) -> None:
-            call, args = sessions[i]
-            while True:
-                await call(tool, args)
-                if time.perf_counter() > deadline:
-                    return
-                counts[i] += 1
-
-        await asyncio.gather(*(loop(i) for i in range(clients)))
+        window["end"] = t0 + seconds
+        start.set()
+        for _ in range(clients):
+            await done.acquire()
         cpu, wall = time.process_time() - cpu0, time.perf_counter() - t0
+        out: dict[str, Any] = {"client_cpu_s": cpu, "client_cores": cpu / wall}
+        if server_pid:
+            out["server_cpu_s"] = procfs.tree_cpu_seconds(server_pid) - server_cpu0
+            if kind == "light":
+                pids = procfs.worker_pids(server_pid)
+                owners = procfs.connection_owners(urlsplit(url).port or 80, ports, pids)
+                per_worker = dict.fromkeys(pids, 0)
+                for owner, n in zip(owners, counts, strict=True):
+                    if owner is not None:
+                        per_worker[owner] += n
+                out["calls_per_worker"] = list(per_worker.values())
+        measured.set()
+        return out
+
+    tasks = [asyncio.create_task(client(i)) for i in range(clients)]  # all connect at once
+    conductor_task = asyncio.create_task(conductor())
+    try:
+        await asyncio.gather(*tasks)
     finally:
-        for closer in closers:
-            await (closer.__aexit__(None, None, None) if kind == "light" else closer.aclose())
-    return {
-        "rate": sum(counts) / seconds,
-        "calls": sum(counts),
-        "client_cpu_s": cpu,
-        "client_cores": cpu / wall,
-        "kind": kind,
-    }
+        conductor_task.cancel()  # no-op once it is done; stops it if a client failed
+    return {"rate": sum(counts) / seconds, "calls": sum(counts), "kind": kind, **conductor_task.result()}
 
 
 def drive_subprocess(
-    url: str, password: str, tool: str, *, clients: int, seconds: float, kind: str, mode: str = PROTOCOL
+    url: str,
+    password: str,
+    tool: str,
+    *,
+    clients: int,
+    seconds: float,
+    kind: str,
+    mode: str = PROTOCOL,
+    server_pid: int | None = None,
 ) -> dict[str, Any]:
     """``run_load`` in a fresh process (the driver's CPU is then its own, apart from the caller's)."""
     import subprocess
@@ -193,7 +229,7 @@ def drive_subprocess(
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     proc = subprocess.run(
         [sys.executable, "-m", "bench.load", url, tool, f"--clients={clients}", f"--seconds={seconds}"]
-        + [f"--kind={kind}", f"--mode={mode}"],
+        + [f"--kind={kind}", f"--mode={mode}", f"--server-pid={server_pid or 0}"],
         env={**os.environ, "LOGSTORE_BENCH_PASSWORD": password},
         cwd=root,
         capture_output=True,
@@ -215,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kind", choices=["light", "sdk"], default="light")
     parser.add_argument("--mode", default=PROTOCOL, help="sdk client: legacy | 2026-07-28")
     parser.add_argument("--site", default=SITE)
+    parser.add_argument("--server-pid", type=int, default=0, help="also measure this local server")
     args = parser.parse_args(argv)
     result = asyncio.run(
         run_load(
@@ -226,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
             kind=args.kind,
             mode=args.mode,
             site=args.site,
+            server_pid=args.server_pid or None,
         )
     )
     print(json.dumps(result))

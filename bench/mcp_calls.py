@@ -1,18 +1,19 @@
-"""P6: tool calls/s over MCP streamable HTTP, ``append_memory`` against a trivial tool on the same stack.
+"""P6: tool calls/s over MCP streamable HTTP, 16 clients, each with its own connection and conversation.
 
-The server is ``server.bench_app`` (the production HTTP app, Basic auth and MCP server, plus a ``noop``
-tool that touches neither storage nor a worker thread), started as a subprocess on a scratch data dir.
-The load comes from a second process (``python -m bench.mcp_calls --drive ...``): ``clients`` SDK clients,
-each with its own HTTP connection pool, session and conversation, all connected and warmed up before a
-common start; calls completed inside the timed window are counted. Rounds alternate which tool goes first.
-Client and server share this machine's cores, as they would on one host.
+- P6: ``append_memory`` (10 x 200 B items) against the ``noop`` tool of ``bench.bench_app`` (the production
+  HTTP app, auth and MCP server plus a tool that touches neither storage nor a thread), 1 worker, light
+  raw-HTTP client; P6-sdk is the same with the SDK client (what agents run), for its client CPU share.
+- P6-cpu: the server's CPU seconds (all its processes, from /proc) divided by the calls, from P6's runs.
+- P6-w2: ``logstore serve --workers 2`` against ``--workers 1``, light client, with the share of calls
+  each worker served (read from the kernel: which process holds each connection).
+
+The load comes from ``bench.load`` in a separate process; client and server share this machine's cores.
+Rounds alternate the order of the compared variants.
 """
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import importlib.util
+import contextlib
 import os
 import secrets
 import socket
@@ -20,15 +21,15 @@ import subprocess
 import sys
 import time
 import urllib.request
-import uuid
+from collections.abc import Iterator
 from typing import Any
 
 from .config import Profile
+from .load import SITE, drive_subprocess
 from .stats import Goal, Row, fig, paired_ratio
 
-__all__ = ["measure_mcp", "drive", "main"]
+__all__ = ["measure_mcp", "running_server"]
 
-SITE = "bench"
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -38,7 +39,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_healthy(base: str, proc: subprocess.Popen, timeout: float = 30.0) -> None:
+def _wait_healthy(base: str, proc: subprocess.Popen[str], timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -52,125 +53,145 @@ def _wait_healthy(base: str, proc: subprocess.Popen, timeout: float = 30.0) -> N
     raise RuntimeError("bench server did not become healthy")
 
 
-async def drive(url: str, password: str, tool: str, clients: int, seconds: float) -> float:
-    """Calls/s summed over ``clients`` concurrent sessions (connect + one warm-up call untimed)."""
-    import httpx2
-    from mcp import Client
-    from mcp.client.streamable_http import streamable_http_client
-
-    ready = 0
-    all_ready = asyncio.Event()
-    start = asyncio.Event()
-    window: dict[str, float] = {}
-    counts = [0] * clients
-
-    async def one(i: int) -> None:
-        nonlocal ready
-        args: dict[str, Any] = {}
-        if tool == "append_memory":
-            args = {
-                "conversation_id": f"mcp-{uuid.uuid4().hex[:16]}",
-                "items": [{"role": "user", "text": "x" * 170}],
-            }
-        async with httpx2.AsyncClient(auth=httpx2.BasicAuth(SITE, password)) as http:
-            async with Client(streamable_http_client(url, http_client=http), mode="legacy") as client:
-                await client.call_tool(tool, args)
-                ready += 1
-                if ready == clients:
-                    all_ready.set()
-                await start.wait()
-                deadline = window["end"]
-                while True:
-                    result = await client.call_tool(tool, args)
-                    if result.is_error:
-                        raise RuntimeError(f"{tool} failed: {result.structured_content}")
-                    if time.perf_counter() > deadline:
-                        break
-                    counts[i] += 1
-
-    async def timer() -> None:
-        await all_ready.wait()
-        window["start"] = time.perf_counter()
-        window["end"] = window["start"] + seconds
-        start.set()
-
-    await asyncio.gather(timer(), *(one(i) for i in range(clients)))
-    return sum(counts) / seconds
-
-
-def _drive_subprocess(url: str, password: str, tool: str, clients: int, seconds: float) -> float:
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.mcp_calls", "--drive", url, tool, str(clients), str(seconds)],
-        env={**os.environ, "LOGSTORE_BENCH_PASSWORD": password},
-        cwd=_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120 + seconds,
-        check=False,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"MCP load driver failed: {proc.stderr[-2000:]}")
-    return float(proc.stdout.strip().splitlines()[-1])
-
-
-def measure_mcp(profile: Profile, directory: str) -> list[Row]:
-    label = f"{profile.mcp_clients} clients over streamable HTTP: append_memory calls/s vs noop tool"
-    if importlib.util.find_spec("server.bench_app") is None:
-        return [Row("P6", label, "calls/s", note="not available: server/bench_app.py is missing")]
-    from server.credentials import CredentialsFile
-
-    data_dir = os.path.join(directory, "mcp")
-    password = secrets.token_urlsafe(16)
-    CredentialsFile(data_dir).add(SITE, password)
+@contextlib.contextmanager
+def running_server(args: list[str]) -> Iterator[tuple[str, int]]:
+    """Start ``python -m <args> --port P`` on a free port; yield (MCP URL, pid); SIGTERM it afterwards."""
     port = _free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "server.bench_app", "serve", "--data-dir", data_dir, "--port", str(port)],
+    proc = subprocess.Popen(
+        [sys.executable, "-m", *args, "--port", str(port)],
         cwd=_ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
     )
-    rates: dict[str, list[float]] = {"noop": [], "append_memory": []}
     try:
-        _wait_healthy(f"http://127.0.0.1:{port}", server)
-        url = f"http://127.0.0.1:{port}/mcp"
-        for r in range(profile.runs):
-            order = ["noop", "append_memory"] if r % 2 == 0 else ["append_memory", "noop"]
-            for tool in order:
-                rates[tool].append(
-                    _drive_subprocess(url, password, tool, profile.mcp_clients, profile.mcp_seconds)
-                )
+        _wait_healthy(f"http://127.0.0.1:{port}", proc)
+        yield f"http://127.0.0.1:{port}/mcp", proc.pid
     finally:
-        server.terminate()
+        proc.terminate()
         try:
-            server.wait(timeout=15)
+            proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-    return [
+            proc.kill()
+            proc.wait()
+
+
+def _new_site(data_dir: str) -> str:
+    from server.credentials import CredentialsFile
+
+    password = secrets.token_urlsafe(16)
+    CredentialsFile(data_dir).add(SITE, password)
+    return password
+
+
+def _ms_per_call(result: dict[str, Any]) -> float:
+    return 1000 * result["server_cpu_s"] / max(result["calls"], 1)
+
+
+def measure_mcp(profile: Profile, directory: str) -> list[Row]:
+    clients, seconds = profile.mcp_clients, profile.mcp_seconds
+    data_dir = os.path.join(directory, "mcp")
+    password = _new_site(data_dir)
+    samples: dict[str, list[dict[str, Any]]] = {k: [] for k in ("noop", "append", "sdk-noop", "sdk-append")}
+    with running_server(["bench.bench_app", "--data-dir", data_dir]) as (url, pid):
+        for r in range(profile.runs):
+            order = [("noop", "noop"), ("append", "append_memory")]
+            for key, tool in order if r % 2 == 0 else order[::-1]:
+                for prefix, kind in (("", "light"), ("sdk-", "sdk")):
+                    samples[prefix + key].append(
+                        drive_subprocess(
+                            url, password, tool, clients=clients, seconds=seconds, kind=kind, server_pid=pid
+                        )
+                    )
+    rate = {k: [s["rate"] for s in v] for k, v in samples.items()}
+    cores = {k: [s["client_cores"] for s in v] for k, v in samples.items()}
+    label = f"{clients} clients over streamable HTTP, 1 worker: append_memory calls/s vs noop tool"
+    rows = [
         Row(
             "P6",
-            label,
+            label + " (light client)",
             "calls/s",
-            value=fig(rates["append_memory"]),
-            baseline=fig(rates["noop"]),
+            value=fig(rate["append"]),
+            baseline=fig(rate["noop"]),
             baseline_name="noop tool",
-            ratio=paired_ratio(rates["append_memory"], rates["noop"]),
+            ratio=paired_ratio(rate["append"], rate["noop"]),
             goal=Goal(">=", 0.8, ">= 0.8x trivial tool"),
-            note="1 item of ~200 B per call; each client its own session and conversation; legacy protocol",
+            note=(
+                "10 x 200 B items per call; stateless 2026-07-28 raw HTTP with the SDK's headers and body; "
+                f"client CPU {fig(cores['append']).median:.2f} cores (noop {fig(cores['noop']).median:.2f})"
+            ),
+        ),
+        Row(
+            "P6-sdk",
+            label + " (SDK client)",
+            "calls/s",
+            value=fig(rate["sdk-append"]),
+            baseline=fig(rate["sdk-noop"]),
+            baseline_name="noop tool",
+            ratio=paired_ratio(rate["sdk-append"], rate["sdk-noop"]),
+            note=(
+                f"mcp.Client 2026-07-28; client CPU {fig(cores['sdk-append']).median:.2f} cores "
+                f"(noop {fig(cores['sdk-noop']).median:.2f}): the client, not the server, is the bound"
+            ),
+        ),
+        Row(
+            "P6-cpu",
+            "server CPU per append_memory call (10 x 200 B), 1 worker, light client",
+            "ms",
+            value=fig([_ms_per_call(s) for s in samples["append"]]),
+            baseline=fig([_ms_per_call(s) for s in samples["noop"]]),
+            baseline_name="per noop call",
+            goal=Goal("<=", 1.2, "<= 1.2 ms"),
+            note="server processes' user+sys CPU (/proc) over the timed window / calls in it",
+        ),
+    ]
+    return rows + _measure_workers(profile, directory)
+
+
+def _measure_workers(profile: Profile, directory: str) -> list[Row]:
+    clients, seconds = profile.mcp_clients, profile.mcp_seconds
+    results: dict[int, list[dict[str, Any]]] = {1: [], 2: []}
+    with contextlib.ExitStack() as stack:
+        servers = {}
+        for n in (1, 2):
+            data_dir = os.path.join(directory, f"workers{n}")
+            password = _new_site(data_dir)
+            cmd = ["tools.cli", "serve", "--data-dir", data_dir, "--workers", str(n)]
+            cmd += ["--log-level", "warning"]
+            servers[n] = (*stack.enter_context(running_server(cmd)), password)
+        for r in range(profile.runs):
+            for n in (1, 2) if r % 2 == 0 else (2, 1):
+                url, pid, password = servers[n]
+                results[n].append(
+                    drive_subprocess(
+                        url,
+                        password,
+                        "append_memory",
+                        clients=clients,
+                        seconds=seconds,
+                        kind="light",
+                        server_pid=pid,
+                    )
+                )
+    shares = [min(r["calls_per_worker"]) / max(sum(r["calls_per_worker"]), 1) for r in results[2]]
+    w1, w2 = [r["rate"] for r in results[1]], [r["rate"] for r in results[2]]
+    spread_ok = all(len(r["calls_per_worker"]) == 2 for r in results[2]) and min(shares) >= 0.35
+    return [
+        Row(
+            "P6-w2",
+            f"{clients} clients append_memory, logstore serve --workers 2 vs --workers 1 (light client)",
+            "calls/s",
+            value=fig(w2),
+            baseline=fig(w1),
+            baseline_name="--workers 1",
+            ratio=paired_ratio(w2, w1),
+            goal=Goal(">=", 1.8, ">= 1.8x, each worker 35-65% of calls"),
+            note=(
+                f"smaller worker's share of calls {min(shares):.2f}-{max(shares):.2f} "
+                f"({'within' if spread_ok else 'OUTSIDE'} 35-65%); server CPU per call "
+                f"{fig([_ms_per_call(r) for r in results[2]]).median:.2f} ms (w2) vs "
+                f"{fig([_ms_per_call(r) for r in results[1]]).median:.2f} ms (w1); client "
+                f"{fig([r['client_cores'] for r in results[2]]).median:.2f} cores"
+            ),
         )
     ]
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.mcp_calls")
-    parser.add_argument("--drive", nargs=4, metavar=("URL", "TOOL", "CLIENTS", "SECONDS"), required=True)
-    args = parser.parse_args(argv)
-    url, tool, clients, seconds = args.drive
-    rate = asyncio.run(drive(url, os.environ["LOGSTORE_BENCH_PASSWORD"], tool, int(clients), float(seconds)))
-    print(rate)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,8 +1,7 @@
 """``logstore serve --workers N``: connections spread evenly, dead workers replaced, clean shutdown.
 
-Which worker served a connection is read from the kernel, not from the server: the server-side socket of
-each client connection (``/proc/net/tcp``, matched on the client's port) and the worker holding that
-socket (``/proc/<pid>/fd``).
+Which worker served a connection is read from the kernel, not from the server (``bench.procfs``): the
+server-side socket of each client connection and the worker process holding it.
 """
 
 from __future__ import annotations
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from bench.load import LightClient
+from bench.procfs import connection_owners, worker_pids
 from server.credentials import CredentialsFile
 from tests.server_support import serve
 
@@ -26,46 +26,15 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="re
 CLIENTS, CALLS, TRIALS = 16, 3, 10
 
 
-def worker_pids(parent: int) -> list[int]:
-    children = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
-    return [int(p) for p in children if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()]
-
-
-def _socket_inodes(pid: int) -> set[str]:
-    inodes = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
-    return inodes
-
-
-def _server_side_inodes(server_port: int) -> dict[int, str]:
-    """client port -> inode of the server's end of that connection."""
-    out = {}
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        fields = line.split()
-        local_port, remote_port = (int(a.split(":")[1], 16) for a in fields[1:3])
-        if local_port == server_port and remote_port != 0:
-            out[remote_port] = fields[9]
-    return out
-
-
 async def _trial(url: str, port: int, pids: list[int]) -> Counter[int]:
     """16 clients connect at once, each makes CALLS calls on its connection; calls per worker pid."""
     clients = [LightClient(url, "alpha", "pw") for _ in range(CLIENTS)]
     await asyncio.gather(*(c.__aenter__() for c in clients))
     try:
         await asyncio.gather(*(_calls(c) for c in clients))
-        inodes = _server_side_inodes(port)
-        owner = {inode: pid for pid in pids for inode in _socket_inodes(pid)}
-        served: Counter[int] = Counter()
-        for c in clients:
-            served[owner[inodes[c.local_port]]] += CALLS
-        return served
+        owners = connection_owners(port, [c.local_port for c in clients], pids)
+        assert None not in owners
+        return Counter({pid: n * CALLS for pid, n in Counter(owners).items()})
     finally:
         await asyncio.gather(*(c.__aexit__() for c in clients))
 

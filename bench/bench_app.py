@@ -1,0 +1,61 @@
+"""Bench-only server variant: the production stack plus one trivial tool (the load comes from bench.load).
+
+``logstore serve`` never uses this module (it lives in bench/, outside the server package). It exists so
+that the cost of ``append_memory`` can be put next to the cost of the HTTP/MCP stack itself: the ``noop``
+tool goes through the same uvicorn, Basic auth, session manager, argument validation and error funnel, but
+returns a constant without touching storage or a worker thread.
+
+    python -m bench.bench_app --data-dir D --port P [--loop asyncio|uvloop] [--http h11|httptools]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from server.config import ServeConfig
+from server.handlers import StoreLike
+from server.http_app import build_http_app
+from server.mcp_app import ToolBinding, spec_bindings
+from server.runtime import open_store, uvicorn_config
+from server.spec_tools import ToolDef
+from server.validation import ArgumentValidator
+
+__all__ = ["NOOP_TOOL", "bench_bindings", "main"]
+
+NOOP_TOOL = ToolDef(
+    name="noop",
+    description='Bench only: returns {"ok": true} without touching storage.',
+    input_schema={"type": "object", "properties": {}},
+    output_schema={"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]},
+)
+
+
+def bench_bindings(store: StoreLike) -> dict[str, ToolBinding]:
+    bindings = spec_bindings(store)
+    bindings["noop"] = ToolBinding(
+        NOOP_TOOL, lambda site, args: {"ok": True}, ArgumentValidator(NOOP_TOOL), blocking=False
+    )
+    return bindings
+
+
+def _serve(args: argparse.Namespace) -> None:
+    import uvicorn
+
+    config = ServeConfig(data_dir=args.data_dir, port=args.port, log_level="warning")
+    app = build_http_app(open_store(config), config.data_dir, bindings_factory=bench_bindings)
+    # --loop/--http pin uvicorn's choice (its "auto" takes uvloop/httptools when installed): for A/B runs.
+    uvicorn.Server(uvicorn_config(config, app, loop=args.loop, http=args.http)).run()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.bench_app")
+    parser.add_argument("--data-dir", required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--loop", default="auto", choices=["auto", "asyncio", "uvloop"])
+    parser.add_argument("--http", default="auto", choices=["auto", "h11", "httptools"])
+    _serve(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
