@@ -30,11 +30,15 @@ from typing import Any
 from .config import Profile, make_item
 from .stats import Goal, Row, fig, paired_ratio
 
-__all__ = ["measure_peer", "peer_entry"]
+__all__ = ["measure_peer", "peer_entry", "npm_cache"]
 
 PACKAGE = "@modelcontextprotocol/server-memory"
 CONVERSATION = "peer-conversation-1"
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def npm_cache() -> str:
+    return os.environ.get("LOGSTORE_BENCH_NPM") or os.path.expanduser("~/.cache/logstore-bench/npm")
 
 
 def peer_entry() -> tuple[str | None, str]:
@@ -42,7 +46,7 @@ def peer_entry() -> tuple[str | None, str]:
     node, npm = shutil.which("node"), shutil.which("npm")
     if node is None or npm is None:
         return None, "node/npm not installed"
-    cache = os.environ.get("LOGSTORE_BENCH_NPM") or os.path.expanduser("~/.cache/logstore-bench/npm")
+    cache = npm_cache()
     package_dir = os.path.join(cache, "node_modules", *PACKAGE.split("/"))
     entry = os.path.join(package_dir, "dist", "index.js")
     if not os.path.exists(entry):
