@@ -104,7 +104,10 @@ def measure_mcp(profile: Profile, directory: str) -> list[Row]:
                         )
                     )
     rate = {k: [s["rate"] for s in v] for k, v in samples.items()}
-    cores = {k: [s["client_cores"] for s in v] for k, v in samples.items()}
+    cores = {k: fig([s["client_cores"] for s in v]).median for k, v in samples.items()}
+    client_ms = {
+        k: fig([1000 * s["client_cpu_s"] / max(s["calls"], 1) for s in v]).median for k, v in samples.items()
+    }
     label = f"{clients} clients over streamable HTTP, 1 worker: append_memory calls/s vs noop tool"
     rows = [
         Row(
@@ -118,7 +121,8 @@ def measure_mcp(profile: Profile, directory: str) -> list[Row]:
             goal=Goal(">=", 0.8, ">= 0.8x trivial tool"),
             note=(
                 "10 x 200 B items per call; stateless 2026-07-28 raw HTTP with the SDK's headers and body; "
-                f"client CPU {fig(cores['append']).median:.2f} cores (noop {fig(cores['noop']).median:.2f})"
+                f"client {cores['append']:.2f} cores, {client_ms['append']:.2f} ms CPU per call "
+                f"(noop: {cores['noop']:.2f} cores, {client_ms['noop']:.2f} ms)"
             ),
         ),
         Row(
@@ -130,8 +134,9 @@ def measure_mcp(profile: Profile, directory: str) -> list[Row]:
             baseline_name="noop tool",
             ratio=paired_ratio(rate["sdk-append"], rate["sdk-noop"]),
             note=(
-                f"mcp.Client 2026-07-28; client CPU {fig(cores['sdk-append']).median:.2f} cores "
-                f"(noop {fig(cores['sdk-noop']).median:.2f}): the client, not the server, is the bound"
+                f"mcp.Client 2026-07-28; client {cores['sdk-append']:.2f} cores, "
+                f"{client_ms['sdk-append']:.2f} ms CPU per call (noop: {cores['sdk-noop']:.2f} cores, "
+                f"{client_ms['sdk-noop']:.2f} ms)"
             ),
         ),
         Row(
