@@ -155,8 +155,9 @@ class Supervisor:
         self._selector = selectors.DefaultSelector()
         self._workers: list[_Worker] = []
         self._next = 0
-        self._held: deque[socket.socket] = deque()  # accepted while no worker was ready
-        self._accepting = False
+        self._held: deque[socket.socket] = deque()  # accepted, not yet taken by a worker
+        self._accepting = False  # the listener is in the selector
+        self._started = False  # every initial worker was ready once: accepting may begin
         self._stopping = False
         self._exit_code = 0
         self._signals: list[int] = []
@@ -192,10 +193,6 @@ class Supervisor:
         if data == _READY:
             worker.ready = worker.served = True
             log.info("worker %d ready", worker.process.pid)
-            if not self._accepting and not self._stopping and all(w.ready for w in self._workers):
-                self._selector.register(self._listener, selectors.EVENT_READ, ("accept", None))
-                self._accepting = True
-            self._flush_held()
         elif not data:  # the worker is exiting; its sentinel tells when it is gone
             self._close_channel(worker)
 
@@ -220,6 +217,8 @@ class Supervisor:
     # -- connections ---------------------------------------------------------------------------------
     def _accept(self) -> None:
         for _ in range(_ACCEPT_BURST):
+            if self._held:  # no worker took the last one: leave the rest in the kernel's backlog
+                return
             try:
                 conn, _ = self._listener.accept()
             except (BlockingIOError, InterruptedError):
@@ -256,6 +255,21 @@ class Supervisor:
             return True
         return False
 
+    def _reconcile(self) -> None:
+        """Accept only when a worker can take connections: at first once every worker is ready (so the
+        first clients spread over all of them), later whenever nothing is held back. While paused, new
+        connections wait in the listen backlog instead of piling up as descriptors here."""
+        if self._held:
+            self._flush_held()
+        if not self._started and self._workers and all(w.ready for w in self._workers):
+            self._started = True
+        want = self._started and not self._stopping and not self._held
+        if want and not self._accepting:
+            self._selector.register(self._listener, selectors.EVENT_READ, ("accept", None))
+        elif not want and self._accepting:
+            self._selector.unregister(self._listener)
+        self._accepting = want
+
     # -- lifecycle -----------------------------------------------------------------------------------
     def _stop(self) -> None:
         if self._stopping:
@@ -263,6 +277,7 @@ class Supervisor:
         self._stopping = True
         if self._accepting:
             self._selector.unregister(self._listener)
+            self._accepting = False
         self._listener.close()
         while self._held:
             self._held.popleft().close()
@@ -287,6 +302,8 @@ class Supervisor:
             deadline: float | None = None
             while self._workers:
                 timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+                if self._held:  # every ready worker's channel was full: retry shortly
+                    timeout = 0.05 if timeout is None else min(timeout, 0.05)
                 events = self._selector.select(timeout)
                 # Signals first: on Ctrl-C the workers get SIGINT too, and one that exits before the
                 # signal is seen must not be taken for a dead worker and replaced.
@@ -308,6 +325,8 @@ class Supervisor:
                                     break
                             except BlockingIOError:
                                 break
+                if not self._stopping:
+                    self._reconcile()
                 if self._stopping and deadline is None:
                     deadline = time.monotonic() + self._shutdown_timeout + 5
                 if deadline is not None and time.monotonic() >= deadline:
