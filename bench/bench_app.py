@@ -5,7 +5,7 @@ that the cost of ``append_memory`` can be put next to the cost of the HTTP/MCP s
 tool goes through the same uvicorn, Basic auth, session manager, argument validation and error funnel, but
 returns a constant without touching storage or a worker thread.
 
-    python -m bench.bench_app --data-dir D --port P [--loop asyncio|uvloop] [--http h11|httptools]
+    python -m bench.bench_app --data-dir D --port P [--loop asyncio|uvloop]
 """
 
 from __future__ import annotations
@@ -44,8 +44,9 @@ def _serve(args: argparse.Namespace) -> None:
 
     config = ServeConfig(data_dir=args.data_dir, port=args.port, log_level="warning")
     app = build_http_app(open_store(config), config.data_dir, bindings_factory=bench_bindings)
-    # --loop/--http pin uvicorn's choice (its "auto" takes uvloop/httptools when installed): for A/B runs.
-    uvicorn.Server(uvicorn_config(config, app, loop=args.loop, http=args.http)).run()
+    # --loop pins uvicorn's choice (its "auto" takes uvloop when installed): for A/B runs. The HTTP protocol
+    # is the production one (uvicorn_config's guarded h11).
+    uvicorn.Server(uvicorn_config(config, app, loop=args.loop)).run()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -53,7 +54,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data-dir", required=True)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--loop", default="auto", choices=["auto", "asyncio", "uvloop"])
-    parser.add_argument("--http", default="auto", choices=["auto", "h11", "httptools"])
     _serve(parser.parse_args(argv))
 
 
