@@ -42,6 +42,7 @@ log = logging.getLogger("logstore.server")
 _READY = b"R"  # worker -> acceptor: serving; acceptor -> worker messages carry one descriptor and b"C"
 _CONN = b"C"
 _ACCEPT_BURST = 64  # connections accepted per wake-up before the loop looks at its other sources
+_ACCEPT_BACKOFF = 0.25  # seconds without accepting after accept() failed (out of descriptors)
 
 
 class _Inbox:
@@ -158,6 +159,8 @@ class Supervisor:
         self._held: deque[socket.socket] = deque()  # accepted, not yet taken by a worker
         self._accepting = False  # the listener is in the selector
         self._started = False  # every initial worker was ready once: accepting may begin
+        self._accept_paused_until = 0.0
+        self._last_accept_warning = -1e9
         self._stopping = False
         self._exit_code = 0
         self._signals: list[int] = []
@@ -223,8 +226,13 @@ class Supervisor:
                 conn, _ = self._listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError as exc:  # EMFILE and friends: keep serving the connections we have
-                log.warning("accept failed: %s", exc)
+            except OSError as exc:
+                # EMFILE and friends: keep serving the connections we have, and stop polling a listener
+                # that stays readable (a tight accept-fail loop would burn a core and flood the log).
+                self._accept_paused_until = time.monotonic() + _ACCEPT_BACKOFF
+                if time.monotonic() - self._last_accept_warning > 10:
+                    self._last_accept_warning = time.monotonic()
+                    log.warning("accept failed: %s; retrying every %.2f s", exc, _ACCEPT_BACKOFF)
                 return
             self._held.append(conn)
             self._flush_held()
@@ -263,7 +271,12 @@ class Supervisor:
             self._flush_held()
         if not self._started and self._workers and all(w.ready for w in self._workers):
             self._started = True
-        want = self._started and not self._stopping and not self._held
+        want = (
+            self._started
+            and not self._stopping
+            and not self._held
+            and time.monotonic() >= self._accept_paused_until
+        )
         if want and not self._accepting:
             self._selector.register(self._listener, selectors.EVENT_READ, ("accept", None))
         elif not want and self._accepting:
@@ -302,7 +315,8 @@ class Supervisor:
             deadline: float | None = None
             while self._workers:
                 timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
-                if self._held:  # every ready worker's channel was full: retry shortly
+                if not self._stopping and (self._held or (self._started and not self._accepting)):
+                    # retrying a full channel, or accept() after it failed
                     timeout = 0.05 if timeout is None else min(timeout, 0.05)
                 events = self._selector.select(timeout)
                 # Signals first: on Ctrl-C the workers get SIGINT too, and one that exits before the

@@ -82,3 +82,37 @@ def test_a_dead_worker_is_replaced_and_signals_stop_everything(tmp_path):
             for pid in now:  # every worker exited (and was reaped by the supervisor)
                 assert not Path(f"/proc/{pid}").exists()
         assert "died" in server.stdout()
+
+
+def test_accept_failing_for_lack_of_descriptors_pauses_instead_of_spinning():
+    import errno
+    import socket as socket_module
+
+    from server.workers import Supervisor
+
+    listener = socket_module.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    client = socket_module.create_connection(listener.getsockname())  # the listener is readable
+    calls = []
+
+    class Exhausted:  # a listener whose accept() fails the way it does at the descriptor limit
+        def __getattr__(self, name):
+            return getattr(listener, name)
+
+        def accept(self):
+            calls.append(1)
+            raise OSError(errno.EMFILE, "Too many open files")
+
+    supervisor = Supervisor(Exhausted(), 0, print, shutdown_timeout=1)
+    supervisor._started = True
+    supervisor._reconcile()
+    assert supervisor._accepting
+    supervisor._accept()
+    supervisor._reconcile()
+    assert len(calls) == 1 and not supervisor._accepting  # one try, then the listener is left alone
+    supervisor._accept_paused_until = 0  # the back-off elapsed: accepting resumes
+    supervisor._reconcile()
+    assert supervisor._accepting
+    client.close()
+    listener.close()
