@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shlex
 import time
 from collections.abc import Callable, Iterator
 
@@ -151,8 +152,9 @@ class _LooseModes:
             self.ctx.found(
                 "loose-permissions",
                 self.paths[0],
-                f"{len(self.paths)} file(s) or directories can be accessed by other users (logstore creates "
-                "files 0600 and directories 0700); fix with: chmod -R go-rwx DATA_DIR",
+                f"{len(self.paths)} file(s) or directories can be accessed by other users (logstore "
+                "creates files 0600 and directories 0700); fix with: chmod -R go-rwx "
+                + shlex.quote(self.ctx.data_dir),
                 site=self.site,
             )
 
