@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from logstore import Store
-from logstore.limits import MAX_CONVERSATION_ITEMS
+from logstore.core.limits import MAX_CONVERSATION_ITEMS
 
 from .baselines import frame_bytes, raw_fdatasync, sqlite_wal
 from .config import Profile, item_bytes, make_items

@@ -20,8 +20,8 @@ from typing import Any
 
 import msgspec
 
-from logstore.batch import encode_batch
-from logstore.frame import encode_frame
+from logstore.core.batch import encode_batch
+from logstore.file.frame import encode_frame
 
 from .stats import run_threads
 

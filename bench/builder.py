@@ -27,11 +27,11 @@ from dataclasses import dataclass
 import msgspec
 from crc32c import crc32c
 
-from logstore import manifest as manifest_mod
-from logstore.frame import encode_frame, encode_items
-from logstore.index_codec import INDEX_HEADER, encode_entry
-from logstore.manifest import Entry, encode_record
-from logstore.store import conversation_paths
+from logstore.file import manifest as manifest_mod
+from logstore.file.frame import encode_frame, encode_items
+from logstore.file.index_codec import INDEX_HEADER, encode_entry
+from logstore.file.manifest import Entry, encode_record
+from logstore.file.store import conversation_paths
 
 __all__ = ["BuildInfo", "build_site", "conversation_id", "conversation_times", "expected_payloads"]
 

@@ -4,7 +4,7 @@ Two data dirs written through ``Store.append``: ``fsck_mb`` MB in batches of 10 
 frames: per-byte costs) and a quarter of that in batches of 10 items of 200 B (2 KB frames: per-frame
 costs). Each run verifies a whole data dir with ``logstore.check.check(data_dir, repair=False)`` in this
 process, page cache warm (the figure is the verifier's CPU cost, not the disk's read speed), after a first
-run that must find the data clean and cover every log byte. When ``logstore.check`` is absent the row
+run that must find the data clean and cover every log byte. When ``logstore.fsck.check`` is absent the row
 says so.
 """
 
@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from logstore import Store
-from logstore.limits import MAX_CONVERSATION_ITEMS
+from logstore.core.limits import MAX_CONVERSATION_ITEMS
 
 from .config import Profile, make_items
 from .stats import Goal, Row, fig
@@ -34,7 +34,7 @@ _CANDIDATES = ("check", "check_data_dir", "check_store", "verify", "fsck")
 def find_verifier() -> tuple[Callable[[str], Any] | None, str]:
     """A callable ``f(data_dir)`` that verifies without repairing, or None with the reason."""
     try:
-        module = importlib.import_module("logstore.check")
+        module = importlib.import_module("logstore.fsck.check")
     except ImportError:
         return None, "not available: logstore/check.py is missing"
     for name in _CANDIDATES:
@@ -44,7 +44,7 @@ def find_verifier() -> tuple[Callable[[str], Any] | None, str]:
         params = inspect.signature(fn).parameters
         kwargs = {"repair": False} if "repair" in params else {}
         return (lambda data_dir, fn=fn, kwargs=kwargs: fn(data_dir, **kwargs)), f"logstore.check.{name}"
-    return None, f"not available: logstore.check has none of {', '.join(_CANDIDATES)}"
+    return None, f"not available: logstore.fsck.check has none of {', '.join(_CANDIDATES)}"
 
 
 def _log_bytes(data_dir: str) -> int:

@@ -77,7 +77,7 @@ def running_server(args: list[str]) -> Iterator[tuple[str, int]]:
 
 
 def _new_site(data_dir: str) -> str:
-    from server.credentials import CredentialsFile
+    from logstore.file.credentials import CredentialsFile
 
     password = secrets.token_urlsafe(16)
     CredentialsFile(data_dir).add(SITE, password)

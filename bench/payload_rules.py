@@ -18,7 +18,7 @@ from typing import Any
 import msgspec
 import pydantic_core
 
-from logstore.batch import decode_item, encode_item
+from logstore.core.batch import decode_item, encode_item
 
 
 def items() -> dict[str, dict[str, Any]]:

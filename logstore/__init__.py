@@ -1,19 +1,18 @@
 """logstore: durable, append-only, per-conversation memory logs.
 
-Layers (each module imports only from the ones above it in this list):
-    limits, errors            constants and the error tree
-    frame, index_codec        pure codecs: bytes in, values out, no I/O
-    ids, models               validation and public value types
-    fileio                    the one seam to the OS (fault injection plugs in here)
-    locking                   per-path cross-process locks (flock) with timeouts
-    scanner                   recovery scanner: classifies a log as clean / torn tail / corrupt
-    conversation              one conversation's log + index: recovery, group commit, reads
-    manifest                  per-site listing index, rebuildable from the logs
-    store                     Store: sites, handle cache, the public API
-    check                     verification and repair (fsck) over the same scanner
+Packages (docs/ARCHITECTURE.md): ``logstore.core`` is the backend-neutral contract (errors, limits, ids,
+models, batch preparation, cursors, the backend and site-registry protocols, ``open_store``/
+``open_registry``); ``logstore.file`` is the file engine; ``logstore.fsck`` checks and repairs it.
+
+``from logstore import Store`` (the README's API) loads the file engine lazily, on first use, so that
+importing an error class or a limit never loads the engine.
 """
 
-from .errors import (
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .core.errors import (
     BatchTooLarge,
     ConversationFull,
     Corrupted,
@@ -28,8 +27,10 @@ from .errors import (
     Unavailable,
     Unreadable,
 )
-from .models import ConversationListing, ConversationSummary, MemoryItem, SeqRange
-from .store import Store
+from .core.models import ConversationListing, ConversationSummary, MemoryItem, SeqRange
+
+if TYPE_CHECKING:
+    from .file.store import Store
 
 __all__ = [
     "BatchTooLarge",
@@ -51,3 +52,11 @@ __all__ = [
     "Unavailable",
     "Unreadable",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Store":
+        from .file.store import Store
+
+        return Store
+    raise AttributeError(f"module 'logstore' has no attribute {name!r}")

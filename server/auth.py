@@ -28,9 +28,9 @@ from mcp.server.auth.provider import AccessToken
 from starlette.authentication import AuthCredentials
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from logstore.ids import is_valid_site
+from logstore.core.ids import is_valid_site
+from logstore.file.credentials import CredentialsFile, hash_password, verify_password
 
-from .credentials import CredentialsFile, hash_password, verify_password
 from .http_limits import HttpLimits
 from .kdf_gate import THROTTLE_DELAY, AuthShed, AuthThrottled, FailureThrottle, KdfGate
 from .request_guard import json_error

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from logstore.models import ConversationListing, MemoryItem, SeqRange, rfc3339
+from logstore.core.models import ConversationListing, MemoryItem, SeqRange, rfc3339
 
 __all__ = ["StoreLike", "Handler", "SPEC_HANDLERS"]
 

@@ -30,8 +30,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from logstore.file.credentials import CredentialsFile
+
 from .auth import Authenticator, BasicAuthMiddleware, site_of_scope
-from .credentials import CredentialsFile
 from .handlers import StoreLike
 from .http_limits import MAX_REQUEST_BODY, HttpLimits
 from .log_guard import install_log_guard

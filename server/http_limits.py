@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from logstore.limits import MAX_BATCH_BYTES
+from logstore.core.limits import MAX_BATCH_BYTES
 
 __all__ = ["HttpLimits", "MAX_REQUEST_BODY"]
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import mcp_types as types
 
-from logstore import errors
+from logstore.core import errors
 
 __all__ = ["UnknownTool", "error_body", "error_result"]
 

@@ -23,8 +23,8 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
 
-from logstore import errors
-from logstore.ids import validate_conversation_id
+from logstore.core import errors
+from logstore.core.ids import validate_conversation_id
 
 from .spec_tools import ToolDef
 

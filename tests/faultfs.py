@@ -40,7 +40,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from logstore.fileio import FileOps
+from logstore.file.fileio import FileOps
 
 __all__ = [
     "FaultFS",

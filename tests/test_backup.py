@@ -12,11 +12,11 @@ import time
 
 from logstore import Store
 from logstore.backup import backup
-from logstore.check import check
 from logstore.erasure import erase_conversation
-from logstore.fileio import OS_FILE_OPS
-from logstore.logdump import export_items
-from logstore.store import conversation_paths
+from logstore.file.fileio import OS_FILE_OPS
+from logstore.file.store import conversation_paths
+from logstore.fsck.check import check
+from logstore.fsck.logdump import export_items
 from tests.faultfs import NO_SYNC_OPS, materialize, scratch_dir
 from tests.test_erasure import crash_images
 from tests.test_server_cli import logstore

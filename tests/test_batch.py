@@ -25,10 +25,10 @@ from logstore import (
     PayloadTooLarge,
     Unreadable,
 )
-from logstore.batch import _shallow, decode_item, encode_batch, encode_item
-from logstore.frame import encode_items
-from logstore.ids import is_valid_site, validate_conversation_id, validate_site
-from logstore.limits import MAX_INT_DIGITS, MAX_PAYLOAD_DEPTH
+from logstore.core.batch import _shallow, decode_item, encode_batch, encode_item
+from logstore.core.ids import is_valid_site, validate_conversation_id, validate_site
+from logstore.core.limits import MAX_INT_DIGITS, MAX_PAYLOAD_DEPTH
+from logstore.file.frame import encode_items
 
 
 def test_item_size_is_compact_json_bytes():
@@ -269,13 +269,13 @@ def test_read_side_shortcut_decides_from_bytes_alone():
 
 def store_unchecked(store, site, cid, items):
     """Append the way versions before the payload rules did: plain msgspec encoding, no checks."""
-    import logstore.store
+    import logstore.file.store
 
     def old_encode_batch(batch):
         return encode_items([msgspec.json.encode(item) for item in batch]), len(batch)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(logstore.store, "encode_batch", old_encode_batch)
+        patch.setattr(logstore.file.store, "encode_batch", old_encode_batch)
         return store.append(site, cid, items)
 
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from bench.load import run_load
-from server.credentials import CredentialsFile
+from logstore.file.credentials import CredentialsFile
 from tests.server_support import REPO, free_port, wait_healthy
 
 

@@ -1,6 +1,6 @@
-"""fsck API (``logstore.check``): the corruption matrix of issue 5, repair rules, idempotence, ``.broken``
-content, and "repair never loses an intact acknowledged batch" (write -> damage -> repair -> reopen the
-Store -> append -> re-read)."""
+"""fsck API (``logstore.fsck.check``): the corruption matrix of issue 5, repair rules, idempotence,
+``.broken`` content, and "repair never loses an intact acknowledged batch" (write -> damage -> repair
+-> reopen the Store -> append -> re-read)."""
 
 from __future__ import annotations
 
@@ -15,12 +15,12 @@ from dataclasses import dataclass
 import pytest
 
 from logstore import Corrupted, InvalidArgument, Store
-from logstore.check import check
-from logstore.frame import Frame, FrameDecoder, encode_frame, encode_items
-from logstore.index_codec import encode_entry
-from logstore.manifest import decode_records, encode_record
-from logstore.models import MemoryItem
-from logstore.store import conversation_paths
+from logstore.core.models import MemoryItem
+from logstore.file.frame import Frame, FrameDecoder, encode_frame, encode_items
+from logstore.file.index_codec import encode_entry
+from logstore.file.manifest import decode_records, encode_record
+from logstore.file.store import conversation_paths
+from logstore.fsck.check import check
 from tests.corruption import append_garbage, flip_byte, rewrite_frame, truncate, write_at, zero_range
 
 SITE = "local"

@@ -12,8 +12,8 @@ import time
 import pytest
 
 from logstore import Store, Timeout
-from logstore.fileio import FileOps
-from logstore.store import conversation_paths
+from logstore.file.fileio import FileOps
+from logstore.file.store import conversation_paths
 
 SITE, CID = "site-a", "conv-0001"
 

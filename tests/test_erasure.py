@@ -14,10 +14,10 @@ import textwrap
 import pytest
 
 from logstore import Store
-from logstore.check import check
 from logstore.erasure import erase_conversation, purge_site
-from logstore.manifest import ERASED
-from server.credentials import CredentialsFile
+from logstore.file.credentials import CredentialsFile
+from logstore.file.manifest import ERASED
+from logstore.fsck.check import check
 from tests.faultfs import NO_SYNC_OPS, FaultFS, materialize, scratch_dir
 from tests.server_support import REPO, call, connect, serve
 from tests.test_server_cli import logstore
@@ -61,7 +61,7 @@ def test_erase_removes_files_and_listing_and_the_id_starts_afresh(tmp_path):
 
 
 def test_erasure_record_is_the_merge_exception():
-    from logstore.manifest import Entry, erased_entry, merge_record
+    from logstore.file.manifest import Entry, erased_entry, merge_record
 
     entries = {X: Entry(1, 5, 100, 7)}
     assert merge_record(entries, X, Entry(-1, -1, 0, 0)) == (False, entries[X])  # lower: ignored
@@ -199,7 +199,7 @@ def test_single_conversation_truncate_corrupt_leaves_a_consistent_store(tmp_path
         for i in range(3):
             store.append(SITE, X, [{"b": i, "pad": "q" * 200}])
         store.append(SITE, Y, [{"c": 1}])
-    from logstore.store import conversation_paths
+    from logstore.file.store import conversation_paths
 
     log = conversation_paths(os.path.abspath(d), SITE, X).log
     with open(log, "r+b") as f:  # rot a byte inside the second frame (acknowledged: corruption)

@@ -9,9 +9,9 @@ import stat
 import pytest
 
 from logstore import Store
-from logstore.check import check
-from logstore.store import conversation_paths
-from server.credentials import CredentialsFile
+from logstore.file.credentials import CredentialsFile
+from logstore.file.store import conversation_paths
+from logstore.fsck.check import check
 
 
 @pytest.fixture

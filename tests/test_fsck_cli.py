@@ -13,12 +13,12 @@ import time
 import pytest
 
 from logstore import Store
-from logstore.check import check
-from logstore.fileio import OS_FILE_OPS
-from logstore.frame import Frame, FrameDecoder
-from logstore.logdump import export_items
-from logstore.models import rfc3339
-from logstore.store import conversation_paths
+from logstore.core.models import rfc3339
+from logstore.file.fileio import OS_FILE_OPS
+from logstore.file.frame import Frame, FrameDecoder
+from logstore.file.store import conversation_paths
+from logstore.fsck.check import check
+from logstore.fsck.logdump import export_items
 from tests.corruption import append_garbage, flip_byte, truncate
 from tools.cli import main
 from tools.fsck import ProgressBar

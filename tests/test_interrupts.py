@@ -16,7 +16,7 @@ import time
 import pytest
 
 from logstore import Store
-from logstore.fileio import FileOps
+from logstore.file.fileio import FileOps
 
 SITE, CID = "local", "conv-interrupt-01"
 

@@ -14,7 +14,7 @@ import filelock
 import pytest
 
 from logstore import Io, Timeout
-from logstore.locking import PathLock, held
+from logstore.file.locking import PathLock, held
 
 
 def _free_for_another_process(path: str) -> bool:

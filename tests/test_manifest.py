@@ -11,9 +11,9 @@ import sys
 import textwrap
 import time
 
-import logstore.manifest as manifest_mod
+import logstore.file.manifest as manifest_mod
 from logstore import Store
-from logstore.manifest import decode_records, encode_record
+from logstore.file.manifest import decode_records, encode_record
 from tests.contract.support import all_pages, expected_order
 from tests.corruption import flip_byte, truncate
 

@@ -17,7 +17,7 @@ import pydantic_core
 import pytest
 from mcp.client.streamable_http import jsonrpc_message_adapter
 
-from logstore.limits import MAX_PAYLOAD_DEPTH
+from logstore.core.limits import MAX_PAYLOAD_DEPTH
 from tests.test_batch import nested_list
 
 

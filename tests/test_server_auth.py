@@ -12,8 +12,8 @@ import pytest
 from mcp.shared.exceptions import MCPError
 
 import server.auth as auth_module
+from logstore.file.credentials import CredentialsFile
 from server.auth import Authenticator
-from server.credentials import CredentialsFile
 from tests.server_support import MODES, call, connect, error_of, rpc_headers, serve
 
 pytestmark = pytest.mark.anyio

@@ -16,7 +16,7 @@ from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
 from logstore import Store
-from server.credentials import CredentialsFile, verify_password
+from logstore.file.credentials import CredentialsFile, verify_password
 from tests.server_support import MODES, REPO, call, connect, free_port, logstore_cmd, serve, wait_healthy
 from tools.serve import SNIPPET_BEGIN, SNIPPET_END
 

@@ -18,7 +18,7 @@ import anyio
 import httpx2
 import pytest
 
-from server.credentials import CredentialsFile
+from logstore.file.credentials import CredentialsFile
 from tests.server_support import rpc_headers, serve
 
 pytestmark = pytest.mark.anyio

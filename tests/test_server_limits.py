@@ -10,7 +10,7 @@ import time
 import anyio
 import pytest
 
-from logstore.limits import MAX_BATCH_BYTES, MAX_BATCH_ITEMS
+from logstore.core.limits import MAX_BATCH_BYTES, MAX_BATCH_ITEMS
 from server.config import ServeConfig
 from server.http_limits import MAX_REQUEST_BODY, HttpLimits
 from server.kdf_gate import AuthShed, AuthThrottled, FailureThrottle, KdfGate

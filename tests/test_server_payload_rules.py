@@ -19,8 +19,8 @@ import httpx2
 import pytest
 
 from logstore import Store
-from logstore.limits import MAX_INT_DIGITS, MAX_PAYLOAD_DEPTH
-from server.credentials import CredentialsFile
+from logstore.core.limits import MAX_INT_DIGITS, MAX_PAYLOAD_DEPTH
+from logstore.file.credentials import CredentialsFile
 from tests.server_support import MODES, call, connect, error_of, rpc_headers, serve
 from tests.test_batch import nested_dict, nested_list, store_unchecked
 

@@ -15,7 +15,7 @@ import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from server.credentials import CredentialsFile
+from logstore.file.credentials import CredentialsFile
 from server.spec_tools import TOOL_HINTS, TOOL_NAMES, extract_tools, load_tools, tools_json_text
 from tests.server_support import MODES, REPO, serve
 

@@ -13,9 +13,10 @@ import pytest
 from filelock import FileLock
 from mcp import Client
 
-from logstore import Store, errors
-from logstore.store import conversation_paths
-from server.credentials import CredentialsFile
+from logstore import Store
+from logstore.core import errors
+from logstore.file.credentials import CredentialsFile
+from logstore.file.store import conversation_paths
 from server.mcp_app import build_mcp_server, spec_bindings
 from server.tool_errors import error_body
 from tests.corruption import file_size, flip_byte

@@ -14,8 +14,8 @@ import uuid
 import anyio
 import pytest
 
-from logstore import errors
-from server.credentials import CredentialsFile
+from logstore.core import errors
+from logstore.file.credentials import CredentialsFile
 from server.spec_tools import tools_by_name
 from server.validation import ArgumentValidator
 from tests.server_support import MODES, call, connect, error_of, serve

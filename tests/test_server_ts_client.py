@@ -15,8 +15,8 @@ import subprocess
 import pytest
 from filelock import FileLock
 
-from logstore.limits import MAX_PAYLOAD_DEPTH
-from server.credentials import CredentialsFile
+from logstore.core.limits import MAX_PAYLOAD_DEPTH
+from logstore.file.credentials import CredentialsFile
 from tests.server_support import REPO, serve
 
 TS_DIR = REPO / "tests" / "ts_client"

@@ -18,7 +18,7 @@ import pytest
 
 from bench.load import LightClient
 from bench.procfs import connection_owners, worker_pids
-from server.credentials import CredentialsFile
+from logstore.file.credentials import CredentialsFile
 from tests.server_support import serve
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")

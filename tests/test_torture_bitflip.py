@@ -32,10 +32,10 @@ import time
 import pytest
 
 from logstore import Corrupted, LogstoreError, Store
-from logstore.fileio import FileOps
-from logstore.frame import Frame, FrameDecoder
-from logstore.index_codec import ENTRY_SIZE, INDEX_HEADER_SIZE, decode_entry
-from logstore.store import conversation_paths
+from logstore.file.fileio import FileOps
+from logstore.file.frame import Frame, FrameDecoder
+from logstore.file.index_codec import ENTRY_SIZE, INDEX_HEADER_SIZE, decode_entry
+from logstore.file.store import conversation_paths
 from tests.faultfs import NO_SYNC_OPS, scratch_dir
 from tests.torture_workload import FIGURES, TortureFailure, register_summary
 

@@ -29,7 +29,7 @@ import time
 import pytest
 
 from logstore import Store
-from logstore.fileio import FileOps
+from logstore.file.fileio import FileOps
 from tests.torture_workload import (
     FIGURES,
     Oracle,

@@ -23,7 +23,7 @@ from datetime import datetime
 import msgspec
 
 from logstore import LogstoreError, Store, Timeout
-from logstore.models import datetime_to_micros
+from logstore.core.models import datetime_to_micros
 
 __all__ = [
     "Batch",

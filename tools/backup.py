@@ -55,7 +55,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 def _run(command: str, args: argparse.Namespace, source: str, dest: str) -> int:
     from logstore.backup import backup
-    from logstore.errors import InvalidArgument
+    from logstore.core.errors import InvalidArgument
 
     from .fsck import ProgressBar
 

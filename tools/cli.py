@@ -109,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except Exception as exc:
-        from logstore.errors import LogstoreError  # here: `logstore --help` must not load the engine
+        from logstore.core.errors import LogstoreError  # here: `logstore --help` must not load the engine
 
         if not isinstance(exc, OSError | LogstoreError):
             raise

@@ -41,8 +41,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 def cmd_delete(args: argparse.Namespace) -> int:
     import os
 
+    from logstore.core.errors import InvalidArgument, InvalidConversationId, Timeout
     from logstore.erasure import erase_conversation
-    from logstore.errors import InvalidArgument, InvalidConversationId, Timeout
 
     if not os.path.isdir(args.data_dir):
         print(f"logstore conversation delete: no data dir at {args.data_dir}", file=sys.stderr)

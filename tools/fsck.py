@@ -1,5 +1,5 @@
-"""``logstore fsck | dump | export``: operator tools, thin fronts over ``logstore.check`` and
-``logstore.logdump`` (docs/FSCK.md).
+"""``logstore fsck | dump | export``: operator tools, thin fronts over ``logstore.fsck.check`` and
+``logstore.fsck.logdump`` (docs/FSCK.md).
 
 Exit codes (e2fsck's; fsck ORs them): 0 clean, 1 errors found and all corrected, 4 errors left
 uncorrected, 8 operational error (bad path or argument, lock timeout, permission, I/O). ``dump`` exits 4
@@ -16,8 +16,8 @@ import time
 from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
-    from logstore.check_report import CheckReport, Finding
-    from logstore.logdump import DumpRecord
+    from logstore.fsck.check_report import CheckReport, Finding
+    from logstore.fsck.logdump import DumpRecord
 
 __all__ = ["register", "cmd_fsck", "cmd_dump", "cmd_export", "format_table", "ProgressBar"]
 
@@ -200,8 +200,8 @@ def _summary_line(report: CheckReport) -> str:
 
 
 def cmd_fsck(args: argparse.Namespace) -> int:
-    from logstore.check import check
-    from logstore.errors import LogstoreError
+    from logstore.core.errors import LogstoreError
+    from logstore.fsck.check import check
 
     from .cli import data_dir_of
 
@@ -243,7 +243,7 @@ def cmd_fsck(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------- dump
 def _format_record(record: DumpRecord) -> str:
-    from logstore.models import micros_to_datetime, rfc3339
+    from logstore.core.models import micros_to_datetime, rfc3339
 
     parts = [f"offset: {record.offset}", f"size: {record.size}"]
     if record.first_seq is not None and record.count is not None:
@@ -261,7 +261,7 @@ def _format_record(record: DumpRecord) -> str:
 
 
 def _record_json(record: DumpRecord) -> dict[str, object]:
-    from logstore.models import micros_to_datetime, rfc3339
+    from logstore.core.models import micros_to_datetime, rfc3339
 
     out: dict[str, object] = {"offset": record.offset, "size": record.size, "status": record.status}
     if record.first_seq is not None and record.count is not None:
@@ -279,12 +279,12 @@ def _record_json(record: DumpRecord) -> dict[str, object]:
 
 
 def cmd_dump(args: argparse.Namespace) -> int:
-    from logstore.conversation import ConversationPaths
-    from logstore.errors import LogstoreError
-    from logstore.fileio import OS_FILE_OPS
-    from logstore.ids import validate_conversation_id, validate_site
-    from logstore.logdump import dump_frames
-    from logstore.store import conversation_paths
+    from logstore.core.errors import LogstoreError
+    from logstore.core.ids import validate_conversation_id, validate_site
+    from logstore.file.conversation import ConversationPaths
+    from logstore.file.fileio import OS_FILE_OPS
+    from logstore.file.store import conversation_paths
+    from logstore.fsck.logdump import dump_frames
 
     try:
         where = _where(args)
@@ -329,11 +329,11 @@ def cmd_dump(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------- export
 def cmd_export(args: argparse.Namespace) -> int:
-    from logstore.errors import Corrupted, LogstoreError
-    from logstore.fileio import OS_FILE_OPS
-    from logstore.ids import validate_conversation_id, validate_site
-    from logstore.logdump import export_items
-    from logstore.store import conversation_paths
+    from logstore.core.errors import Corrupted, LogstoreError
+    from logstore.core.ids import validate_conversation_id, validate_site
+    from logstore.file.fileio import OS_FILE_OPS
+    from logstore.file.store import conversation_paths
+    from logstore.fsck.logdump import export_items
 
     try:
         where = _where(args)

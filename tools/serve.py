@@ -175,7 +175,7 @@ class StartupError(Exception):
 
 def _first_run_setup(config: ServeConfig) -> None:
     """Create the ``local`` site on a data dir that has none, and print how to connect (once)."""
-    from server.credentials import CredentialsFile, generate_password
+    from logstore.file.credentials import CredentialsFile, generate_password
 
     creds = CredentialsFile(config.data_dir)
     url = endpoint_url(config.host, config.port, config.ssl_certfile is not None)
@@ -190,7 +190,7 @@ def _first_run_setup(config: ServeConfig) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from logstore.ids import is_valid_site
+    from logstore.core.ids import is_valid_site
     from server.config import ServeConfig
 
     try:

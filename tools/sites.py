@@ -91,14 +91,14 @@ def read_password_stdin() -> str:
 
 def _password(args: argparse.Namespace) -> tuple[str, bool]:
     """(password, generated?)"""
-    from server.credentials import generate_password
+    from logstore.file.credentials import generate_password
 
     return (read_password_stdin(), False) if args.password_stdin else (generate_password(), True)
 
 
 def cmd_add(args: argparse.Namespace) -> int:
-    from logstore.errors import InvalidArgument
-    from server.credentials import CredentialsFile, SiteExists
+    from logstore.core.errors import InvalidArgument
+    from logstore.file.credentials import CredentialsFile, SiteExists
 
     creds = CredentialsFile(args.data_dir)
     try:
@@ -117,7 +117,7 @@ def cmd_add(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from server.credentials import CredentialsFile
+    from logstore.file.credentials import CredentialsFile
 
     if not os.path.isdir(args.data_dir):
         print(
@@ -137,7 +137,7 @@ def cmd_remove(args: argparse.Namespace) -> int:
     import time
 
     from logstore.erasure import purge_site
-    from server.credentials import CredentialsFile, UnknownSite
+    from logstore.file.credentials import CredentialsFile, UnknownSite
 
     try:
         CredentialsFile(args.data_dir).remove(args.name)
@@ -162,7 +162,7 @@ def cmd_remove(args: argparse.Namespace) -> int:
 
 
 def cmd_passwd(args: argparse.Namespace) -> int:
-    from server.credentials import CredentialsFile, UnknownSite
+    from logstore.file.credentials import CredentialsFile, UnknownSite
 
     try:
         password, generated = _password(args)

@@ -30,8 +30,8 @@ from typing import Any, NoReturn
 
 import msgspec
 
+from ..file.frame import encode_items
 from .errors import BatchTooLarge, EmptyBatch, InvalidArgument, PayloadTooLarge, Unreadable
-from .frame import encode_items
 from .limits import MAX_BATCH_BYTES, MAX_BATCH_ITEMS, MAX_INT_DIGITS, MAX_ITEM_BYTES, MAX_PAYLOAD_DEPTH
 
 __all__ = ["encode_batch", "encode_item", "decode_item"]

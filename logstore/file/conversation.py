@@ -30,8 +30,10 @@ from dataclasses import dataclass
 
 import msgspec
 
-from .batch import decode_item
-from .errors import ConversationFull, Corrupted, Io, Unavailable
+from ..core.batch import decode_item
+from ..core.errors import ConversationFull, Corrupted, Io, Unavailable
+from ..core.limits import MAX_CONVERSATION_ITEMS
+from ..core.models import MemoryItem, SeqRange, micros_to_datetime
 from .fileio import FileOps
 from .frame import Frame, Invalid, NeedMore, decode_frame, decode_header, encode_frame
 from .index_codec import (
@@ -43,9 +45,7 @@ from .index_codec import (
     entry_first_seq,
     header_ok,
 )
-from .limits import MAX_CONVERSATION_ITEMS
 from .locking import PathLock
-from .models import MemoryItem, SeqRange, micros_to_datetime
 from .scanner import ScanResult, read_frame_at, scan_log
 
 __all__ = ["ConversationLog", "AppendRequest", "CommitInfo", "ConversationPaths"]

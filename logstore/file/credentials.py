@@ -25,9 +25,9 @@ from typing import Any
 
 from filelock import FileLock
 
-from logstore.fileio import FILE_MODE, OS_FILE_OPS
-from logstore.ids import validate_site
-from logstore.models import rfc3339
+from logstore.core.ids import validate_site
+from logstore.core.models import rfc3339
+from logstore.file.fileio import FILE_MODE, OS_FILE_OPS
 
 __all__ = [
     "CREDENTIALS_FILE",

@@ -9,7 +9,7 @@ Rules:
   is only ever written with ``append`` (plain ``write``). One model per file, never mixed.
 - Everything is created private (files 0600, directories 0700, whatever the umask): payloads are people's
   conversations, and any local user could read 0644 files. fsck warns about looser modes.
-- ``OSError`` propagates; mapping to ``logstore.errors.Io`` happens in the engine, where the handle that
+- ``OSError`` propagates; mapping to ``logstore.core.errors.Io`` happens in the engine, where the handle that
   saw the failure can be poisoned.
 """
 

@@ -31,7 +31,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from .errors import Io, Timeout
+from ..core.errors import Io, Timeout
 from .fileio import FILE_MODE
 
 __all__ = ["PathLock", "held"]

@@ -46,11 +46,11 @@ import msgspec
 from crc32c import crc32c
 from sortedcontainers import SortedList
 
+from ..core.errors import InvalidCursor, Io
+from ..core.ids import is_valid_id
+from ..core.models import ConversationListing, ConversationSummary, micros_to_datetime
 from .conversation import CommitInfo
-from .errors import InvalidCursor, Io
 from .fileio import FILE_MODE, FileOps
-from .ids import is_valid_id
-from .models import ConversationListing, ConversationSummary, micros_to_datetime
 
 __all__ = [
     "SiteManifest",

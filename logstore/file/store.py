@@ -27,14 +27,14 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from .batch import encode_batch
+from ..core.batch import encode_batch
+from ..core.errors import InvalidArgument, Io, Unavailable
+from ..core.ids import validate_conversation_id, validate_site
+from ..core.limits import DEFAULT_LIST_LIMIT, DEFAULT_RECALL_COUNT, MAX_READ_COUNT
+from ..core.models import ConversationListing, MemoryItem, SeqRange
 from .conversation import AppendRequest, CommitInfo, ConversationLog, ConversationPaths
-from .errors import InvalidArgument, Io, Unavailable
 from .fileio import OS_FILE_OPS, FileOps
-from .ids import validate_conversation_id, validate_site
-from .limits import DEFAULT_LIST_LIMIT, DEFAULT_RECALL_COUNT, MAX_READ_COUNT
 from .manifest import SiteManifest
-from .models import ConversationListing, MemoryItem, SeqRange
 
 __all__ = ["Store", "conversation_paths", "log_path_function"]
 

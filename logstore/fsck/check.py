@@ -1,6 +1,6 @@
 """Verification and repair of a data dir (``logstore fsck``), in the style of diskcache's ``check(fix=...)``.
 
-    from logstore.check import check
+    from logstore.fsck.check import check
     report = check("/var/lib/logstore", repair=False)
     report.exit_code          # 0 clean | 1 all fixed | 4 errors left | 8 operational (OR-ed, as e2fsck)
     report.findings           # [Finding(kind, file, message, site, conversation, offset, seqs, fixed, ...)]
@@ -26,14 +26,14 @@ import shlex
 import time
 from collections.abc import Callable, Iterator
 
+from ..core.errors import InvalidArgument, Timeout
+from ..core.ids import is_valid_id, is_valid_site, validate_conversation_id, validate_site
+from ..file.fileio import OS_FILE_OPS, FileOps
+from ..file.manifest import Entry
+from ..file.store import conversation_paths
 from .check_log import ConversationOutcome, check_conversation, current_entry
 from .check_manifest import ManifestView, describe_mismatch, manifest_dir, stray_findings
 from .check_report import CheckContext, CheckReport, Finding, ProgressCallback, stray_kind
-from .errors import InvalidArgument, Timeout
-from .fileio import OS_FILE_OPS, FileOps
-from .ids import is_valid_id, is_valid_site, validate_conversation_id, validate_site
-from .manifest import Entry
-from .store import conversation_paths
 
 __all__ = ["check", "CheckReport", "Finding"]
 

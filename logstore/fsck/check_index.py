@@ -8,8 +8,8 @@ entries are written only after their frame's fsync, so the bytes there were ackn
 
 from __future__ import annotations
 
-from .index_codec import ENTRY_SIZE, INDEX_HEADER_SIZE, decode_entry, header_ok
-from .scanner import FrameMeta
+from ..file.index_codec import ENTRY_SIZE, INDEX_HEADER_SIZE, decode_entry, header_ok
+from ..file.scanner import FrameMeta
 
 __all__ = ["common_entries", "index_evidence", "index_problem", "IndexProblem"]
 

@@ -26,11 +26,18 @@ from collections.abc import Callable
 import filelock
 from crc32c import crc32c
 
+from ..core.errors import Timeout
+from ..core.models import micros_to_datetime, rfc3339
+from ..file.fileio import FILE_MODE
+from ..file.manifest import (
+    _SNAPSHOT_MAGIC,
+    Entry,
+    decode_records,
+    encode_record,
+    encode_snapshot,
+    merge_record,
+)
 from .check_report import CheckContext, Finding, stray_kind
-from .errors import Timeout
-from .fileio import FILE_MODE
-from .manifest import _SNAPSHOT_MAGIC, Entry, decode_records, encode_record, encode_snapshot, merge_record
-from .models import micros_to_datetime, rfc3339
 
 __all__ = ["ManifestView", "describe_mismatch", "manifest_dir", "stray_findings"]
 

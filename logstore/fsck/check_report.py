@@ -1,4 +1,4 @@
-"""Findings and reports of ``logstore.check`` (fsck): the vocabulary of the checker modules and the CLI.
+"""Findings and reports of ``logstore.fsck.check`` (fsck): the vocabulary of the checker modules and the CLI.
 
 A finding is one problem at one place: site, conversation, file (relative to the data dir), byte offset,
 kind, the seqs affected, and whether it was fixed. Severity decides the exit code, as e2fsck does it
@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .fileio import FileOps
+from ..file.fileio import FileOps
 
 __all__ = [
     "stray_kind",

@@ -20,14 +20,14 @@ from typing import BinaryIO
 
 import msgspec
 
-from .conversation import ConversationPaths
-from .errors import Corrupted
-from .fileio import FileOps
-from .frame import MAX_FRAME_SIZE, Frame, NeedMore, decode_frame, decode_header
-from .index_codec import ENTRY_SIZE, INDEX_HEADER_SIZE, decode_entry, header_ok
-from .locking import held
-from .models import micros_to_datetime, rfc3339
-from .scanner import first_valid_frame_after, frame_at, scan_log
+from ..core.errors import Corrupted
+from ..core.models import micros_to_datetime, rfc3339
+from ..file.conversation import ConversationPaths
+from ..file.fileio import FileOps
+from ..file.frame import MAX_FRAME_SIZE, Frame, NeedMore, decode_frame, decode_header
+from ..file.index_codec import ENTRY_SIZE, INDEX_HEADER_SIZE, decode_entry, header_ok
+from ..file.locking import held
+from ..file.scanner import first_valid_frame_after, frame_at, scan_log
 
 __all__ = ["DumpRecord", "dump_frames", "export_items", "acknowledged_end"]
 

@@ -15,7 +15,7 @@ from logstore import (
     PayloadTooLarge,
     SeqRange,
 )
-from logstore.limits import MAX_BATCH_ITEMS, MAX_ITEM_BYTES
+from logstore.core.limits import MAX_BATCH_ITEMS, MAX_ITEM_BYTES
 
 from .strategies import json_batches
 from .support import CID, SITE, item_of_size, rejected

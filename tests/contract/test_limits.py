@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-import logstore.errors as errors
+import logstore.core.errors as errors
 from logstore import (
     BatchTooLarge,
     ConversationFull,
@@ -16,7 +16,7 @@ from logstore import (
     SeqRange,
     Unavailable,
 )
-from logstore.limits import (
+from logstore.core.limits import (
     ID_MAX_LEN,
     ID_MIN_LEN,
     MAX_BATCH_BYTES,

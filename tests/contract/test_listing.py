@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from logstore import InvalidArgument, InvalidCursor
-from logstore.limits import DEFAULT_LIST_LIMIT, MAX_READ_COUNT
+from logstore.core.limits import DEFAULT_LIST_LIMIT, MAX_READ_COUNT
 
 from .support import CID, SITE, all_pages, expected_order, listing_key, rejected
 

@@ -17,7 +17,7 @@ from hypothesis.stateful import (
 )
 
 from logstore import LogstoreError
-from logstore.limits import MAX_BATCH_ITEMS, MAX_ITEM_BYTES
+from logstore.core.limits import MAX_BATCH_ITEMS, MAX_ITEM_BYTES
 
 from .strategies import small_objects
 from .support import all_pages, expected_order, item_of_size

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from logstore.limits import DEFAULT_RECALL_COUNT, MAX_BATCH_ITEMS, MAX_READ_COUNT
+from logstore.core.limits import DEFAULT_RECALL_COUNT, MAX_BATCH_ITEMS, MAX_READ_COUNT
 
 from .support import CID, SITE
 
