@@ -20,8 +20,8 @@ from typing import Any
 
 import msgspec
 
-from logstore.core.batch import encode_batch
-from logstore.file.frame import encode_frame
+from logstore.core.batch import prepare_batch
+from logstore.file.frame import encode_frame, encode_items
 
 from .stats import run_threads
 
@@ -32,8 +32,8 @@ _encode = msgspec.json.Encoder().encode
 
 def frame_bytes(items: list[dict[str, Any]]) -> bytes:
     """The exact frame the engine writes for this batch (timestamps and seqs do not change its size)."""
-    encoded, count = encode_batch(items)
-    return encode_frame(0, count, time.time_ns() // 1000, 0, encoded)
+    batch = prepare_batch(items)
+    return encode_frame(0, batch.count, time.time_ns() // 1000, 0, encode_items(batch.items))
 
 
 def raw_fdatasync(directory: str, data: bytes, threads: int, duration: float) -> float:

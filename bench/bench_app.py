@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from logstore.core.factory import open_registry
 from server.config import ServeConfig
 from server.handlers import StoreLike
 from server.http_app import build_http_app
@@ -43,7 +44,7 @@ def _serve(args: argparse.Namespace) -> None:
     import uvicorn
 
     config = ServeConfig(data_dir=args.data_dir, port=args.port, log_level="warning")
-    app = build_http_app(open_store(config), config.data_dir, bindings_factory=bench_bindings)
+    app = build_http_app(open_store(config), open_registry(config.store_url), bindings_factory=bench_bindings)
     # --loop pins uvicorn's choice (its "auto" takes uvloop when installed): for A/B runs. The HTTP protocol
     # is the production one (uvicorn_config's guarded h11).
     uvicorn.Server(uvicorn_config(config, app, loop=args.loop)).run()

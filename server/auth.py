@@ -29,7 +29,7 @@ from starlette.authentication import AuthCredentials
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from logstore.core.ids import is_valid_site
-from logstore.file.credentials import CredentialsFile, hash_password, verify_password
+from logstore.core.registry import SiteRegistry, hash_password, verify_password
 
 from .http_limits import HttpLimits
 from .kdf_gate import THROTTLE_DELAY, AuthShed, AuthThrottled, FailureThrottle, KdfGate
@@ -61,7 +61,7 @@ def site_of_scope(scope: Scope) -> str:
 class Authenticator:
     def __init__(
         self,
-        credentials: CredentialsFile,
+        credentials: SiteRegistry,
         *,
         reload_interval: float = 1.0,
         limits: HttpLimits | None = None,
@@ -92,7 +92,7 @@ class Authenticator:
             entries = self._file.load()
         except (OSError, ValueError) as exc:
             # Keep serving with what we had; an operator mid-edit should not lock everyone out.
-            log.error("cannot read %s: %s", self._file.path, exc)
+            log.error("cannot read %s: %s", self._file.location, exc)
             return
         self._identity, self._entries = identity, entries
         self._good.clear()

@@ -1,7 +1,7 @@
 """Server settings: one dataclass, filled from CLI flags or ``LOGSTORE_*`` environment variables.
 
 The environment form is also how ``--workers N`` hands the settings to each uvicorn worker process (the
-workers import ``server.asgi:app_from_env`` and build their own app from the same variables).
+workers import ``server.runtime:app_from_env`` and build their own app from the same variables).
 """
 
 from __future__ import annotations
@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+
+from logstore.core.factory import file_url, parse_store_url
 
 from .http_limits import HttpLimits
 
@@ -18,6 +20,7 @@ _LIMITS = HttpLimits()
 
 # field name -> environment variable
 ENV_VARS = {
+    "store": "LOGSTORE_STORE",
     "data_dir": "LOGSTORE_DATA_DIR",
     "host": "LOGSTORE_HOST",
     "port": "LOGSTORE_PORT",
@@ -41,7 +44,8 @@ _FALSE = {"0", "false", "no", "off", ""}
 
 @dataclass(frozen=True)
 class ServeConfig:
-    data_dir: str = "./data"
+    store: str | None = None  # store URL (logstore.core.factory); None: file:<data_dir>
+    data_dir: str = "./data"  # shorthand for the store URL file:<data_dir>
     host: str = "127.0.0.1"  # loopback only unless the operator says otherwise
     port: int = 8765
     workers: int = 1
@@ -80,7 +84,13 @@ class ServeConfig:
         # session's next request may land elsewhere, so multi-worker serving is sessionless.
         return self.stateless if self.stateless is not None else self.workers > 1
 
+    @property
+    def store_url(self) -> str:
+        """Where the data and the site registry live (``--store``, else ``file:`` + ``--data-dir``)."""
+        return self.store if self.store else file_url(self.data_dir)
+
     def validate(self) -> ServeConfig:
+        parse_store_url(self.store_url)  # ValueError naming the accepted forms
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be 0-65535, got {self.port}")
         if self.workers < 1:

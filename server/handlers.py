@@ -9,26 +9,15 @@ exactly the shape of the tool's output schema with RFC3339 timestamps. Engine er
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
-from logstore.core.models import ConversationListing, MemoryItem, SeqRange, rfc3339
+from logstore.core.backend import Backend
+from logstore.core.models import MemoryItem, rfc3339
 
 __all__ = ["StoreLike", "Handler", "SPEC_HANDLERS"]
 
 
-class StoreLike(Protocol):
-    """The part of ``logstore.Store`` the server uses."""
-
-    def append(self, site: str, conversation_id: str, items: list[dict[str, Any]]) -> SeqRange: ...
-    def recall(self, site: str, conversation_id: str, count: int = ...) -> list[MemoryItem]: ...
-    def replay(
-        self, site: str, conversation_id: str, offset: int = ..., limit: int = ...
-    ) -> list[MemoryItem]: ...
-    def list_conversations(
-        self, site: str, cursor: str | None = ..., limit: int = ...
-    ) -> ConversationListing: ...
-    def close(self) -> None: ...
-
+StoreLike = Backend  # the server's name for the backend protocol (logstore.core.backend)
 
 Handler = Callable[[StoreLike, str, dict[str, Any]], dict[str, Any]]
 

@@ -30,7 +30,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from logstore.file.credentials import CredentialsFile
+from logstore.core.registry import SiteRegistry
 
 from .auth import Authenticator, BasicAuthMiddleware, site_of_scope
 from .handlers import StoreLike
@@ -69,7 +69,7 @@ def _transport_security(host: str) -> TransportSecuritySettings | None:
 
 def build_http_app(
     store: StoreLike,
-    data_dir: str,
+    registry: SiteRegistry,
     *,
     host: str = "127.0.0.1",
     stateless: bool = False,
@@ -78,7 +78,8 @@ def build_http_app(
     close_store: bool = True,
     limits: HttpLimits | None = None,
 ) -> Starlette:
-    """The whole server as one ASGI app. ``store`` is closed when the app shuts down (if ``close_store``)."""
+    """The whole server as one ASGI app; clients authenticate against ``registry``. ``store`` is closed
+    when the app shuts down (if ``close_store``)."""
     limits = (limits if limits is not None else HttpLimits()).validate()
     limiter = anyio.CapacityLimiter(threads)
     mcp_server = build_mcp_server(bindings_factory(store), site_of=site_of_request, limiter=limiter)
@@ -90,7 +91,7 @@ def build_http_app(
         max_request_body_size=limits.max_body_bytes,
         limits=limits,
     )
-    authenticator = Authenticator(CredentialsFile(data_dir), limits=limits)
+    authenticator = Authenticator(registry, limits=limits)
     mcp_endpoint = BasicAuthMiddleware(BodyGuard(StreamableHTTPASGIApp(manager), limits), authenticator)
 
     async def healthz(request: Request) -> JSONResponse:

@@ -2,7 +2,7 @@
 
 ``logstore serve`` (``tools/serve.py``) calls ``run_http`` or ``run_stdio``; with ``--workers N`` this
 process becomes the acceptor of ``server.workers`` and spawns N processes that each build the app from the
-environment and open their own ``Store`` on the same data dir (the engine is multi-process safe).
+environment and open their own store on the same store URL (the file engine is multi-process safe).
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ import anyio
 import uvicorn
 from starlette.applications import Starlette
 
+from logstore.core import factory
+
 from .config import ServeConfig
 from .connections import guarded_protocol
 from .handlers import StoreLike
@@ -30,15 +32,13 @@ log = logging.getLogger("logstore.server")
 
 
 def open_store(config: ServeConfig) -> StoreLike:
-    from logstore import Store  # imported here so that `logstore site ...` never loads the engine
-
-    return Store(config.data_dir, lock_timeout=config.lock_timeout)
+    return factory.open_store(config.store_url, lock_timeout=config.lock_timeout)
 
 
 def create_app(config: ServeConfig) -> Starlette:
     return build_http_app(
         open_store(config),
-        config.data_dir,
+        factory.open_registry(config.store_url),
         host=config.host,
         stateless=config.effective_stateless,
         threads=config.threads,

@@ -25,10 +25,9 @@ from logstore import (
     PayloadTooLarge,
     Unreadable,
 )
-from logstore.core.batch import _shallow, decode_item, encode_batch, encode_item
+from logstore.core.batch import PreparedBatch, _shallow, decode_item, encode_item, prepare_batch
 from logstore.core.ids import is_valid_site, validate_conversation_id, validate_site
 from logstore.core.limits import MAX_INT_DIGITS, MAX_PAYLOAD_DEPTH
-from logstore.file.frame import encode_items
 
 
 def test_item_size_is_compact_json_bytes():
@@ -37,17 +36,17 @@ def test_item_size_is_compact_json_bytes():
 
 
 def test_limits():
-    encode_batch([{"p": "x" * (256 * 1024 - 8)}])
+    prepare_batch([{"p": "x" * (256 * 1024 - 8)}])
     with pytest.raises(PayloadTooLarge):
-        encode_batch([{"p": "x" * (256 * 1024 - 7)}])
+        prepare_batch([{"p": "x" * (256 * 1024 - 7)}])
     with pytest.raises(BatchTooLarge):
-        encode_batch([{"p": "x" * (256 * 1024 - 8)}] * 4 + [{}])
+        prepare_batch([{"p": "x" * (256 * 1024 - 8)}] * 4 + [{}])
     with pytest.raises(EmptyBatch):
-        encode_batch([])
+        prepare_batch([])
     with pytest.raises(InvalidArgument):
-        encode_batch([{}] * 251)
+        prepare_batch([{}] * 251)
     with pytest.raises(InvalidArgument):
-        encode_batch([{"s": object()}])
+        prepare_batch([{"s": object()}])
 
 
 def test_ids():
@@ -87,7 +86,7 @@ def nested_dict(depth: int) -> dict[str, Any]:
 def rejection(item: Any, *, index: int = 0) -> InvalidArgument:
     batch = [{"ok": 1}] * index + [item]
     with pytest.raises(InvalidArgument) as info:
-        encode_batch(batch)
+        prepare_batch(batch)
     err = info.value
     assert err.code == "InvalidArgument" and err.field == "items" and err.index == index
     assert err.details() == {"field": "items", "index": index, "path": err.path}
@@ -271,11 +270,11 @@ def store_unchecked(store, site, cid, items):
     """Append the way versions before the payload rules did: plain msgspec encoding, no checks."""
     import logstore.file.store
 
-    def old_encode_batch(batch):
-        return encode_items([msgspec.json.encode(item) for item in batch]), len(batch)
+    def old_prepare_batch(batch):
+        return PreparedBatch(tuple(msgspec.json.encode(item) for item in batch))
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(logstore.file.store, "encode_batch", old_encode_batch)
+        patch.setattr(logstore.file.store, "prepare_batch", old_prepare_batch)
         return store.append(site, cid, items)
 
 

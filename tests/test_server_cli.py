@@ -16,7 +16,8 @@ from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
 from logstore import Store
-from logstore.file.credentials import CredentialsFile, verify_password
+from logstore.core.registry import verify_password
+from logstore.file.credentials import CredentialsFile
 from tests.server_support import MODES, REPO, call, connect, free_port, logstore_cmd, serve, wait_healthy
 from tools.serve import SNIPPET_BEGIN, SNIPPET_END
 

@@ -35,7 +35,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "unusable), 2 bad setting, 130 interrupted.",
     )
     # Defaults are None so that environment variables (then built-in defaults) fill what was not given.
-    p.add_argument("--data-dir", help="data directory (env LOGSTORE_DATA_DIR; default ./data)")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument(
+        "--store", metavar="URL", help="store URL, e.g. file:/var/lib/logstore (env LOGSTORE_STORE)"
+    )
+    where.add_argument(
+        "--data-dir",
+        help="data directory, shorthand for --store file:DIR (env LOGSTORE_DATA_DIR; default ./data)",
+    )
     p.add_argument("--host", help="bind address (env LOGSTORE_HOST; default 127.0.0.1)")
     p.add_argument("--port", type=int, help="TCP port (env LOGSTORE_PORT; default 8765)")
     p.add_argument("--workers", type=int, help="server processes sharing the port (env LOGSTORE_WORKERS)")
@@ -175,26 +182,30 @@ class StartupError(Exception):
 
 def _first_run_setup(config: ServeConfig) -> None:
     """Create the ``local`` site on a data dir that has none, and print how to connect (once)."""
-    from logstore.file.credentials import CredentialsFile, generate_password
+    from logstore.core.factory import open_registry, parse_store_url
+    from logstore.core.registry import generate_password
 
-    creds = CredentialsFile(config.data_dir)
+    creds = open_registry(config.store_url)
     url = endpoint_url(config.host, config.port, config.ssl_certfile is not None)
     sites = creds.sites()
     if not sites:
         password = generate_password()
         creds.add("local", password)
-        print(quickstart_text(url, "local", password, config.data_dir), flush=True)
+        print(quickstart_text(url, "local", password, parse_store_url(config.store_url)[1]), flush=True)
     else:
         shown = ", ".join(sites[:10]) + (f" and {len(sites) - 10} more" if len(sites) > 10 else "")
         print(f"logstore MCP server: {url}  (HTTP Basic auth; sites: {shown})", flush=True)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from logstore.core.factory import file_url
     from logstore.core.ids import is_valid_site
     from server.config import ServeConfig
 
     try:
         config = ServeConfig.from_env(
+            # --data-dir D on the command line means file:D even when LOGSTORE_STORE is set.
+            store=args.store or (file_url(args.data_dir) if args.data_dir else None),
             data_dir=args.data_dir,
             host=args.host,
             port=args.port,

@@ -91,14 +91,15 @@ def read_password_stdin() -> str:
 
 def _password(args: argparse.Namespace) -> tuple[str, bool]:
     """(password, generated?)"""
-    from logstore.file.credentials import generate_password
+    from logstore.core.registry import generate_password
 
     return (read_password_stdin(), False) if args.password_stdin else (generate_password(), True)
 
 
 def cmd_add(args: argparse.Namespace) -> int:
     from logstore.core.errors import InvalidArgument
-    from logstore.file.credentials import CredentialsFile, SiteExists
+    from logstore.core.registry import SiteExists
+    from logstore.file.credentials import CredentialsFile
 
     creds = CredentialsFile(args.data_dir)
     try:
@@ -136,8 +137,9 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_remove(args: argparse.Namespace) -> int:
     import time
 
+    from logstore.core.registry import UnknownSite
     from logstore.erasure import purge_site
-    from logstore.file.credentials import CredentialsFile, UnknownSite
+    from logstore.file.credentials import CredentialsFile
 
     try:
         CredentialsFile(args.data_dir).remove(args.name)
@@ -162,7 +164,8 @@ def cmd_remove(args: argparse.Namespace) -> int:
 
 
 def cmd_passwd(args: argparse.Namespace) -> int:
-    from logstore.file.credentials import CredentialsFile, UnknownSite
+    from logstore.core.registry import UnknownSite
+    from logstore.file.credentials import CredentialsFile
 
     try:
         password, generated = _password(args)

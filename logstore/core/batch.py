@@ -1,6 +1,8 @@
-"""The payload rules: validation and encoding of an append batch (before any lock is taken), and the
-read-side twin that decodes a stored item. Pure, no I/O; every way in (the Python API and the server, both
-protocol eras) reaches these rules through ``Store.append``.
+"""The payload rules, for every backend: validation and encoding of an append batch (before any lock is
+taken), and the read-side twin that decodes a stored item. Pure, no I/O, no framing: ``prepare_batch``
+returns each item's canonical JSON (the exact bytes stored and returned); the file engine frames them
+(``file.frame.encode_items``), another backend stores them as it likes. Every way in (the Python API and
+the server, both protocol eras) reaches these rules through ``Backend.append``.
 
 An item is stored verbatim or rejected, never changed. Before anything is encoded, one walk over each item
 checks what msgspec would otherwise store differently or not at all:
@@ -26,15 +28,15 @@ import json
 import math
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import msgspec
 
-from ..file.frame import encode_items
 from .errors import BatchTooLarge, EmptyBatch, InvalidArgument, PayloadTooLarge, Unreadable
 from .limits import MAX_BATCH_BYTES, MAX_BATCH_ITEMS, MAX_INT_DIGITS, MAX_ITEM_BYTES, MAX_PAYLOAD_DEPTH
 
-__all__ = ["encode_batch", "encode_item", "decode_item"]
+__all__ = ["PreparedBatch", "prepare_batch", "encode_item", "decode_item"]
 
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
@@ -159,6 +161,17 @@ def _check(item: dict[Any, Any], *, strings: bool = True) -> tuple[str, str] | N
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class PreparedBatch:
+    """A validated batch: each item's compact UTF-8 JSON, in order (1..MAX_BATCH_ITEMS items)."""
+
+    items: tuple[bytes, ...]
+
+    @property
+    def count(self) -> int:
+        return len(self.items)
+
+
 def encode_item(item: Any, index: int) -> bytes:
     """Compact UTF-8 JSON of one item, exactly the bytes stored (and the size the limits count), or
     ``InvalidArgument`` naming the index and the path of the first rule the item breaks."""
@@ -233,8 +246,8 @@ def _unreadable(seq: int, reason: str, what: str) -> Unreadable:
     )
 
 
-def encode_batch(items: Sequence[Any]) -> tuple[bytes, int]:
-    """Validate a batch against the spec's limits; return (encoded item section, item count)."""
+def prepare_batch(items: Sequence[Any]) -> PreparedBatch:
+    """Validate a batch against the spec's limits; return each item's canonical JSON."""
     if isinstance(items, (str, bytes, dict)) or not isinstance(items, Sequence):
         raise InvalidArgument("items must be a list of JSON objects", field="items")
     if not items:
@@ -262,4 +275,4 @@ def encode_batch(items: Sequence[Any]) -> tuple[bytes, int]:
             size=total,
             limit=MAX_BATCH_BYTES,
         )
-    return encode_items(encoded), len(encoded)
+    return PreparedBatch(tuple(encoded))

@@ -31,9 +31,6 @@ Rules:
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import hmac
 import logging
 import os
 import struct
@@ -42,11 +39,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import filelock
-import msgspec
 from crc32c import crc32c
 from sortedcontainers import SortedList
 
-from ..core.errors import InvalidCursor, Io
+from ..core.cursor import BEFORE_ALL, CursorCodec, CursorKey
+from ..core.errors import Io
 from ..core.ids import is_valid_id
 from ..core.models import ConversationListing, ConversationSummary, micros_to_datetime
 from .conversation import CommitInfo
@@ -69,7 +66,6 @@ _RECORD = struct.Struct("<qqQI")  # created_at (-1: none yet), last_appended_at 
 _FRAME = struct.Struct("<II")  # body length, crc32c(body)
 _SNAPSHOT_MAGIC = b"LSMS\x01\x00\x00\x00"
 COMPACT_THRESHOLD = 4 * 1024 * 1024  # journal bytes before a compaction is scheduled
-_BEFORE_ALL = 2**62  # a cursor position before every real timestamp (limit=0 pages)
 
 
 @dataclass(slots=True)
@@ -191,13 +187,6 @@ def _definitely_bad(buf: bytes, pos: int) -> bool:
     return end <= len(buf)  # complete yet invalid
 
 
-class _Cursor(msgspec.Struct, array_like=True):
-    version: int
-    last_appended_at: int
-    conversation_id: str
-    mac: bytes
-
-
 class SiteManifest:
     def __init__(
         self,
@@ -212,6 +201,7 @@ class SiteManifest:
         self.site = site
         self.directory = os.path.join(site_dir, "manifest")
         self._cursor_key = cursor_key
+        self._cursors = CursorCodec(cursor_key, site)
         self._open_conversation = open_conversation
         self._lock = threading.RLock()
         self._entries: dict[str, Entry] = {}
@@ -479,8 +469,8 @@ class SiteManifest:
                 raise self._io_error("refresh", exc) from exc
             start = 0
             if cursor is not None:
-                last_at, cid = self._decode_cursor(cursor)
-                start = self._order.bisect_right((-last_at, cid))
+                position = self._cursors.decode(cursor)
+                start = self._order.bisect_right((-position.last_appended_at, position.conversation_id))
             keys = list(self._order.islice(start, start + limit)) if limit else []
             has_more = start + len(keys) < len(self._order)
             summaries = []
@@ -494,9 +484,9 @@ class SiteManifest:
         if not has_more:
             next_cursor = None
         elif keys:
-            next_cursor = self._encode_cursor(-keys[-1][0], keys[-1][1])
+            next_cursor = self._cursors.encode(CursorKey(-keys[-1][0], keys[-1][1]))
         else:  # limit 0 with conversations remaining: continue from the same position
-            next_cursor = cursor if cursor is not None else self._encode_cursor(_BEFORE_ALL, "")
+            next_cursor = cursor if cursor is not None else self._cursors.encode(CursorKey(BEFORE_ALL, ""))
         return ConversationListing(summaries, next_cursor)
 
     def _refresh(self) -> None:
@@ -506,28 +496,6 @@ class SiteManifest:
             self._path("journal", self._gen + 1)
         ):
             self._catch_up()
-
-    def _mac(self, last_at: int, cid: str) -> bytes:
-        msg = f"{self.site}\0{last_at}\0{cid}".encode()
-        return hmac.new(self._cursor_key, msg, hashlib.sha256).digest()[:12]
-
-    def _encode_cursor(self, last_at: int, cid: str) -> str:
-        raw = msgspec.msgpack.encode(_Cursor(1, last_at, cid, self._mac(last_at, cid)))
-        return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
-
-    def _decode_cursor(self, cursor: str) -> tuple[int, str]:
-        try:
-            raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-            parsed = msgspec.msgpack.decode(raw, type=_Cursor)
-        except (ValueError, msgspec.DecodeError) as exc:
-            raise InvalidCursor("cursor is malformed: pass back a next_cursor exactly as returned") from exc
-        if parsed.version != 1 or not hmac.compare_digest(
-            parsed.mac, self._mac(parsed.last_appended_at, parsed.conversation_id)
-        ):
-            raise InvalidCursor(
-                "cursor was not issued for this site's listing (tampered, or from another site)"
-            )
-        return parsed.last_appended_at, parsed.conversation_id
 
     # ------------------------------------------------------------------ compaction
     def _schedule_compaction(self) -> None:

@@ -27,13 +27,14 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from ..core.batch import encode_batch
+from ..core.batch import prepare_batch
 from ..core.errors import InvalidArgument, Io, Unavailable
 from ..core.ids import validate_conversation_id, validate_site
 from ..core.limits import DEFAULT_LIST_LIMIT, DEFAULT_RECALL_COUNT, MAX_READ_COUNT
 from ..core.models import ConversationListing, MemoryItem, SeqRange
 from .conversation import AppendRequest, CommitInfo, ConversationLog, ConversationPaths
 from .fileio import OS_FILE_OPS, FileOps
+from .frame import encode_items
 from .manifest import SiteManifest
 
 __all__ = ["Store", "conversation_paths", "log_path_function"]
@@ -100,9 +101,10 @@ class Store:
         """Append one batch atomically; returns its seq range once it is durable (fdatasynced)."""
         site = validate_site(site)
         conversation_id = validate_conversation_id(conversation_id)
-        encoded, count = encode_batch(items)
+        batch = prepare_batch(items)
+        request = AppendRequest(encode_items(batch.items), batch.count)
         with self._conversation(site, conversation_id) as conv:
-            return conv.append(AppendRequest(encoded, count))
+            return conv.append(request)
 
     def recall(self, site: str, conversation_id: str, count: int = DEFAULT_RECALL_COUNT) -> list[MemoryItem]:
         """The last ``count`` items in ascending seq order (fewer if the log holds fewer)."""

@@ -1,0 +1,44 @@
+"""``open_store(url)`` / ``open_registry(url)``: the one place a store URL becomes a backend.
+
+URLs: ``file:PATH`` (the file engine on the data dir PATH). A backend module is imported only when a URL
+names it, so code that depends on ``logstore.core`` alone (the server) never loads an engine it does not
+use. Adding a backend = one branch in each function (and its entry in the contract suite's parameters).
+"""
+
+from __future__ import annotations
+
+from .backend import Backend
+from .registry import SiteRegistry
+
+__all__ = ["SCHEMES", "file_url", "parse_store_url", "open_store", "open_registry"]
+
+SCHEMES = ("file",)
+
+
+def file_url(data_dir: str) -> str:
+    """The store URL of a file-engine data dir (``--data-dir D`` is shorthand for this)."""
+    return f"file:{data_dir}"
+
+
+def parse_store_url(url: str) -> tuple[str, str]:
+    """(scheme, rest) of a store URL; ValueError names the accepted forms."""
+    scheme, sep, rest = url.partition(":")
+    if not sep or scheme not in SCHEMES or not rest:
+        raise ValueError(f"store URL {url!r} is not one of: file:PATH")
+    return scheme, rest
+
+
+def open_store(url: str, *, lock_timeout: float = 5.0) -> Backend:
+    scheme, rest = parse_store_url(url)
+    assert scheme == "file"
+    from ..file.store import Store
+
+    return Store(rest, lock_timeout=lock_timeout)
+
+
+def open_registry(url: str) -> SiteRegistry:
+    scheme, rest = parse_store_url(url)
+    assert scheme == "file"
+    from ..file.credentials import CredentialsFile
+
+    return CredentialsFile(rest)
