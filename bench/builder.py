@@ -7,7 +7,7 @@ rebuilding the bench data):
 
     sites/<site>/conversations/<h1>/<h2>/<cid>.log   two frames (frame.encode_frame / encode_items)
     sites/<site>/conversations/<h1>/<h2>/<cid>.idx   index header + an entry per frame (optional)
-    sites/<site>/manifest/snapshot.1                 every conversation's record (manifest.encode_record)
+    sites/<site>/manifest/snapshot.1                 every record (manifest_codec.encode_snapshot)
 
 The manifest records carry each log's exact size, so opening the store finds nothing to reconcile; the
 measuring side checks that (no journal appears) and reads a few conversations back through ``Store``.
@@ -19,19 +19,17 @@ from __future__ import annotations
 
 import heapq
 import os
-import struct
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 import msgspec
-from crc32c import crc32c
 
-from logstore.file import manifest as manifest_mod
+from logstore.file import layout
 from logstore.file.frame import encode_frame, encode_items
 from logstore.file.index_codec import INDEX_HEADER, encode_entry
-from logstore.file.manifest import Entry, encode_record
-from logstore.file.store import conversation_paths
+from logstore.file.layout import conversation_paths
+from logstore.file.manifest_codec import Entry, encode_snapshot
 
 __all__ = ["BuildInfo", "build_site", "conversation_id", "conversation_times", "expected_payloads"]
 
@@ -99,14 +97,12 @@ def _write_range(
 
 
 def _snapshot(n: int, base_us: int) -> bytes:
-    magic = manifest_mod._SNAPSHOT_MAGIC  # the snapshot header; kept in sync by the read-back check
-    parts = []
+    records = []
     for i in range(n):
         created, last = conversation_times(i, n, base_us)
         size = len(_log_bytes(i, n, base_us)[0])
-        parts.append(encode_record(conversation_id(i), Entry(created, last, size, 2)))
-    body = b"".join(parts)
-    return magic + body + struct.pack("<I", crc32c(body))
+        records.append((conversation_id(i), Entry(created, last, size, 2)))
+    return encode_snapshot(dict(records))
 
 
 def build_site(
@@ -119,7 +115,7 @@ def build_site(
     create and delete."""
     t0 = time.perf_counter()
     base_us = base_us if base_us is not None else time.time_ns() // 1000 - n * 1000 - 10**9
-    site_dir = os.path.join(data_dir, "sites", site)
+    site_dir = layout.site_dir(data_dir, site)
     if os.path.exists(site_dir):
         raise FileExistsError(site_dir)
     chunk = max(1000, n // (jobs * 8) + 1)
@@ -132,9 +128,9 @@ def build_site(
             log_bytes = sum(f.result() for f in futures)
     else:
         log_bytes = sum(_write_range(data_dir, site, a, b, n, base_us, with_index) for a, b in ranges)
-    manifest_dir = os.path.join(site_dir, "manifest")
+    manifest_dir = layout.manifest_dir(data_dir, site)
     os.makedirs(manifest_dir, exist_ok=True)
-    with open(os.path.join(manifest_dir, "snapshot.1"), "wb") as fh:
+    with open(layout.manifest_file(manifest_dir, "snapshot", 1), "wb") as fh:
         fh.write(_snapshot(n, base_us))
     order = heapq.nsmallest(
         50, ((-conversation_times(i, n, base_us)[1], conversation_id(i)) for i in range(n))

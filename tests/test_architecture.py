@@ -128,7 +128,8 @@ def test_server_depends_on_core_only() -> None:
 
 
 def _engine_modules_after(imports: str) -> str:
-    code = f"import sys\n{imports}\nprint(sorted(m for m in sys.modules if m.startswith(('logstore.file', 'logstore.fsck'))))"
+    engine = "('logstore.file', 'logstore.fsck')"
+    code = f"import sys\n{imports}\nprint(sorted(m for m in sys.modules if m.startswith({engine})))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     return out.stdout.strip()
 

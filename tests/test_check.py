@@ -18,8 +18,8 @@ from logstore import Corrupted, InvalidArgument, Store
 from logstore.core.models import MemoryItem
 from logstore.file.frame import Frame, FrameDecoder, encode_frame, encode_items
 from logstore.file.index_codec import encode_entry
-from logstore.file.manifest import decode_records, encode_record
-from logstore.file.store import conversation_paths
+from logstore.file.layout import conversation_paths
+from logstore.file.manifest_codec import decode_records, encode_record
 from logstore.fsck.check import check
 from tests.corruption import append_garbage, flip_byte, rewrite_frame, truncate, write_at, zero_range
 

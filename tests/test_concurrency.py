@@ -13,7 +13,7 @@ import pytest
 
 from logstore import Store, Timeout
 from logstore.file.fileio import FileOps
-from logstore.file.store import conversation_paths
+from logstore.file.layout import conversation_paths
 
 SITE, CID = "site-a", "conv-0001"
 

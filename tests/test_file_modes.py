@@ -10,7 +10,7 @@ import pytest
 
 from logstore import Store
 from logstore.file.credentials import CredentialsFile
-from logstore.file.store import conversation_paths
+from logstore.file.layout import conversation_paths
 from logstore.fsck.check import check
 
 

@@ -13,7 +13,7 @@ import time
 
 import logstore.file.manifest as manifest_mod
 from logstore import Store
-from logstore.file.manifest import decode_records, encode_record
+from logstore.file.manifest_codec import decode_records, encode_record
 from tests.contract.support import all_pages, expected_order
 from tests.corruption import flip_byte, truncate
 

@@ -10,7 +10,7 @@ import pytest
 from logstore import Corrupted, Store
 from logstore.file.frame import Frame, FrameDecoder, encode_frame, encode_items
 from logstore.file.index_codec import ENTRY_SIZE, INDEX_HEADER_SIZE
-from logstore.file.store import conversation_paths
+from logstore.file.layout import conversation_paths
 from tests.corruption import append_garbage, flip_byte, truncate, write_at, zero_range
 
 SITE, CID = "site-a", "conv-0001"

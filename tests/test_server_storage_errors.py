@@ -16,7 +16,7 @@ from mcp import Client
 from logstore import Store
 from logstore.core import errors
 from logstore.file.credentials import CredentialsFile
-from logstore.file.store import conversation_paths
+from logstore.file.layout import conversation_paths
 from server.mcp_app import build_mcp_server, spec_bindings
 from server.tool_errors import error_body
 from tests.corruption import file_size, flip_byte

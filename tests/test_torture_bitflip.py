@@ -35,7 +35,7 @@ from logstore import Corrupted, LogstoreError, Store
 from logstore.file.fileio import FileOps
 from logstore.file.frame import Frame, FrameDecoder
 from logstore.file.index_codec import ENTRY_SIZE, INDEX_HEADER_SIZE, decode_entry
-from logstore.file.store import conversation_paths
+from logstore.file.layout import conversation_paths
 from tests.faultfs import NO_SYNC_OPS, scratch_dir
 from tests.torture_workload import FIGURES, TortureFailure, register_summary
 

@@ -30,7 +30,7 @@ import time
 import pytest
 
 from logstore import Io, LogstoreError, Store
-from logstore.file.store import conversation_paths
+from logstore.file.layout import conversation_paths
 from tests.faultfs import NO_SYNC_OPS, WRITE_LIKE, FaultFS, materialize, one_shot, scratch_dir, sticky
 from tests.torture_workload import (
     FIGURES,

@@ -281,9 +281,8 @@ def _record_json(record: DumpRecord) -> dict[str, object]:
 def cmd_dump(args: argparse.Namespace) -> int:
     from logstore.core.errors import LogstoreError
     from logstore.core.ids import validate_conversation_id, validate_site
-    from logstore.file.conversation import ConversationPaths
     from logstore.file.fileio import OS_FILE_OPS
-    from logstore.file.store import conversation_paths
+    from logstore.file.layout import ConversationPaths, conversation_paths
     from logstore.fsck.logdump import dump_frames
 
     try:
@@ -332,7 +331,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from logstore.core.errors import Corrupted, LogstoreError
     from logstore.core.ids import validate_conversation_id, validate_site
     from logstore.file.fileio import OS_FILE_OPS
-    from logstore.file.store import conversation_paths
+    from logstore.file.layout import conversation_paths
     from logstore.fsck.logdump import export_items
 
     try:

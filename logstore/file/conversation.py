@@ -45,20 +45,13 @@ from .index_codec import (
     entry_first_seq,
     header_ok,
 )
+from .layout import ConversationPaths
 from .locking import PathLock
 from .scanner import ScanResult, read_frame_at, scan_log
 
-__all__ = ["ConversationLog", "AppendRequest", "CommitInfo", "ConversationPaths"]
+__all__ = ["ConversationLog", "AppendRequest", "CommitInfo"]
 
 log = logging.getLogger("logstore")
-
-
-@dataclass(frozen=True, slots=True)
-class ConversationPaths:
-    directory: str
-    log: str
-    index: str
-    lock: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,12 +23,11 @@ from filelock import FileLock
 from ..core.ids import validate_site
 from ..core.models import rfc3339
 from ..core.registry import SiteExists, UnknownSite, hash_password
+from . import layout
 from .fileio import FILE_MODE, OS_FILE_OPS
 
-__all__ = ["CREDENTIALS_FILE", "CredentialsFile"]
+__all__ = ["CredentialsFile"]
 
-CREDENTIALS_FILE = "credentials.json"
-_LOCK_FILE = "credentials.lock"
 _FORMAT = "logstore-credentials"
 _VERSION = 1
 
@@ -38,7 +37,7 @@ class CredentialsFile:
 
     def __init__(self, data_dir: str) -> None:
         self.data_dir = os.path.abspath(data_dir)
-        self.path = os.path.join(self.data_dir, CREDENTIALS_FILE)
+        self.path = layout.credentials_path(self.data_dir)
 
     @property
     def location(self) -> str:
@@ -70,7 +69,7 @@ class CredentialsFile:
     @contextmanager
     def _editing(self) -> Iterator[dict[str, dict[str, Any]]]:
         OS_FILE_OPS.makedirs_durable(self.data_dir)
-        with FileLock(os.path.join(self.data_dir, _LOCK_FILE), mode=FILE_MODE):
+        with FileLock(layout.credentials_lock_path(self.data_dir), mode=FILE_MODE):
             sites = self.load()
             yield sites
             doc = {"format": _FORMAT, "version": _VERSION, "sites": dict(sorted(sites.items()))}

@@ -33,165 +33,43 @@ from __future__ import annotations
 
 import logging
 import os
-import struct
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 import filelock
-from crc32c import crc32c
 from sortedcontainers import SortedList
 
 from ..core.cursor import BEFORE_ALL, CursorCodec, CursorKey
 from ..core.errors import Io
 from ..core.ids import is_valid_id
 from ..core.models import ConversationListing, ConversationSummary, micros_to_datetime
+from . import layout
 from .conversation import CommitInfo
 from .fileio import FILE_MODE, FileOps
+from .manifest_codec import (
+    ERASED,
+    Entry,
+    Generations,
+    decode_records,
+    encode_record,
+    encode_snapshot,
+    erased_entry,
+    generations,
+    merge_record,
+    snapshot_body,
+)
 
-__all__ = [
-    "SiteManifest",
-    "Entry",
-    "ERASED",
-    "erased_entry",
-    "merge_record",
-    "encode_record",
-    "encode_snapshot",
-    "decode_records",
-    "COMPACT_THRESHOLD",
-]
+__all__ = ["SiteManifest", "COMPACT_THRESHOLD"]
 
 log = logging.getLogger("logstore")
-_RECORD = struct.Struct("<qqQI")  # created_at (-1: none yet), last_appended_at (-1), log_size, next_seq
-_FRAME = struct.Struct("<II")  # body length, crc32c(body)
-_SNAPSHOT_MAGIC = b"LSMS\x01\x00\x00\x00"
 COMPACT_THRESHOLD = 4 * 1024 * 1024  # journal bytes before a compaction is scheduled
-
-
-@dataclass(slots=True)
-class Entry:
-    created_at: int
-    last_appended_at: int
-    log_size: int
-    next_seq: int
-
-    def newer_than(self, other: Entry) -> bool:
-        return (self.next_seq, self.last_appended_at, self.log_size) > (
-            other.next_seq,
-            other.last_appended_at,
-            other.log_size,
-        )
-
-
-ERASED = -2  # created_at of an erasure record (real ones are >= 0, or -1 for "none yet")
-
-
-def erased_entry() -> Entry:
-    return Entry(ERASED, -1, 0, 0)
-
-
-def merge_record(entries: dict[str, Entry], cid: str, entry: Entry) -> tuple[bool, Entry | None]:
-    """Apply one record to ``entries`` (the merge rule, see the module docstring). Returns (changed?,
-    the entry it replaced or removed)."""
-    current = entries.get(cid)
-    if entry.created_at == ERASED:
-        if current is None:
-            return False, None
-        del entries[cid]
-        return True, current
-    if current is not None and not entry.newer_than(current):
-        return False, current
-    if current is not None and entry.created_at < 0:
-        entry.created_at = current.created_at
-    entries[cid] = entry
-    return True, current
-
-
-def encode_record(conversation_id: str, entry: Entry) -> bytes:
-    cid = conversation_id.encode()
-    body = (
-        bytes([len(cid)])
-        + cid
-        + _RECORD.pack(entry.created_at, entry.last_appended_at, entry.log_size, entry.next_seq)
-    )
-    return _FRAME.pack(len(body), crc32c(body)) + body
-
-
-def encode_snapshot(entries: dict[str, Entry]) -> bytes:
-    """A whole snapshot file: magic, one record per conversation, crc32c of the records."""
-    body = b"".join(encode_record(cid, e) for cid, e in entries.items())
-    return _SNAPSHOT_MAGIC + body + struct.pack("<I", crc32c(body))
-
-
-def decode_records(buf: bytes, pos: int = 0) -> tuple[list[tuple[str, Entry]], int, bool]:
-    """Records from ``buf[pos:]``: (records, position after the last one decoded, damaged?).
-
-    Damaged bytes (a record torn by a power loss: zeros, garbage, a partial write) are skipped when a
-    valid record follows them: after a crash, the next boot appends its records (including fdatasynced
-    creation records) *after* the torn tail, and they must not be hidden behind it. Bytes with no valid
-    record after them are left unconsumed (the returned position points at them): they may be a record
-    another process is still writing, or a torn tail that later records will skip."""
-    out: list[tuple[str, Entry]] = []
-    damaged = False
-    while pos + _FRAME.size <= len(buf):
-        record = _record_at(buf, pos)
-        if record is None:
-            resume = _next_record(buf, pos + 1)
-            if resume is None:
-                return out, pos, damaged or _definitely_bad(buf, pos)
-            damaged, pos = True, resume
-            continue
-        cid, entry, pos = record
-        out.append((cid, entry))
-    return out, pos, damaged
-
-
-_MIN_BODY = 1 + 8 + _RECORD.size  # the shortest conversation id is 8 characters
-_MAX_BODY = 1 + 64 + _RECORD.size
-
-
-def _record_at(buf: bytes, pos: int) -> tuple[str, Entry, int] | None:
-    """The complete, valid record at ``pos`` as (id, entry, end), or None."""
-    if pos + _FRAME.size > len(buf):
-        return None
-    length, crc = _FRAME.unpack_from(buf, pos)
-    end = pos + _FRAME.size + length
-    if not _MIN_BODY <= length <= _MAX_BODY or end > len(buf):
-        return None
-    body = buf[pos + _FRAME.size : end]
-    if crc32c(body) != crc or body[0] + 1 + _RECORD.size != length:
-        return None
-    cid = body[1 : 1 + body[0]].decode("ascii", "replace")
-    if not is_valid_id(cid):
-        return None
-    return cid, Entry(*_RECORD.unpack_from(body, 1 + body[0])), end
-
-
-def _next_record(buf: bytes, pos: int) -> int | None:
-    """Offset of the first valid record at or after ``pos`` (a CRC-checked resync point), or None."""
-    limit = len(buf) - _FRAME.size - _MIN_BODY
-    while pos <= limit:
-        (length,) = struct.unpack_from("<I", buf, pos)
-        if _MIN_BODY <= length <= _MAX_BODY and _record_at(buf, pos) is not None:
-            return pos
-        pos += 1
-    return None
-
-
-def _definitely_bad(buf: bytes, pos: int) -> bool:
-    """True if the bytes at ``pos`` can never become a valid record (not merely an incomplete one)."""
-    length, crc = _FRAME.unpack_from(buf, pos)
-    if not _MIN_BODY <= length <= _MAX_BODY:
-        return True
-    end = pos + _FRAME.size + length
-    return end <= len(buf)  # complete yet invalid
 
 
 class SiteManifest:
     def __init__(
         self,
         ops: FileOps,
-        site_dir: str,
+        data_dir: str,
         *,
         site: str,
         cursor_key: bytes,
@@ -199,7 +77,8 @@ class SiteManifest:
     ) -> None:
         self.ops = ops
         self.site = site
-        self.directory = os.path.join(site_dir, "manifest")
+        self.data_dir = data_dir
+        self.directory = layout.manifest_dir(data_dir, site)
         self._cursor_key = cursor_key
         self._cursors = CursorCodec(cursor_key, site)
         self._open_conversation = open_conversation
@@ -233,29 +112,23 @@ class SiteManifest:
     def _io_error(self, action: str, exc: OSError) -> Io:
         return Io(f"manifest {action} failed for site {self.site}: {exc.strerror or exc}", errno=exc.errno)
 
-    def _generations(self) -> tuple[list[int], list[int]]:
+    def _generations(self) -> Generations:
         try:
-            names = self.ops.listdir(self.directory)
+            return generations(self.ops.listdir(self.directory))
         except FileNotFoundError:
-            return [], []
-        snaps, journals = [], []
-        for name in names:
-            kind, _, gen = name.partition(".")
-            if gen.isdigit() and kind in ("snapshot", "journal"):
-                (snaps if kind == "snapshot" else journals).append(int(gen))
-        return sorted(snaps), sorted(journals)
+            return generations(())
 
     def _load(self) -> None:
         """Rebuild memory from the newest snapshot and every journal at or after its generation."""
         self._entries.clear()
         self._order.clear()
         self._close_journal()
-        snaps, journals = self._generations()
-        base = snaps[-1] if snaps else 0
-        if snaps:
-            self._apply_snapshot(os.path.join(self.directory, f"snapshot.{base}"), order=False)
-        live = [g for g in journals if g >= base]
-        self._gen = self._newest_generation()
+        found = self._generations()
+        base = found.base
+        if found.snapshots:
+            self._apply_snapshot(self._path("snapshot", base), order=False)
+        live = found.live_journals
+        self._gen = found.newest
         for gen in live:
             data = self.ops.read_file(self._path("journal", gen)) or b""
             records, pos, damaged = decode_records(data)
@@ -269,8 +142,8 @@ class SiteManifest:
 
     def _apply_snapshot(self, path: str, *, order: bool = True) -> None:
         data = self.ops.read_file(path) or b""
-        body = data[len(_SNAPSHOT_MAGIC) : -4]
-        if not data.startswith(_SNAPSHOT_MAGIC) or struct.unpack("<I", data[-4:])[0] != crc32c(body):
+        body = snapshot_body(data)
+        if body is None:
             log.warning("manifest snapshot %s damaged; the logs will be rescanned", path)
             self._rebuild_from_logs = True
             return
@@ -290,13 +163,10 @@ class SiteManifest:
 
     def _reconcile(self) -> None:
         """Compare each known log's size with the recorded one; re-read only the logs that changed."""
-        conv_root = os.path.join(os.path.dirname(self.directory), "conversations")
+        conv_root = layout.conversations_dir(self.data_dir, self.site)
         if getattr(self, "_rebuild_from_logs", False):
             self._discover(conv_root)
-        from .store import conversation_paths, log_path_function  # local: store imports this module
-
-        data_dir = os.path.dirname(os.path.dirname(os.path.dirname(self.directory)))
-        log_path = log_path_function(data_dir, self.site)
+        log_path = layout.log_path_function(self.data_dir, self.site)
         stat_size = self.ops.stat_size
         changed = []
         for cid, entry in list(self._entries.items()):
@@ -308,9 +178,7 @@ class SiteManifest:
             if info is None:  # log gone or empty (e.g. cut back by fsck --truncate-corrupt)
                 self._force(
                     cid,
-                    Entry(
-                        -1, -1, self.ops.stat_size(conversation_paths(data_dir, self.site, cid).log) or 0, 0
-                    ),
+                    Entry(-1, -1, self.ops.stat_size(log_path(cid)) or 0, 0),
                 )
                 continue
             entry = Entry(info.created_at, info.last_appended_at, info.log_size, info.next_seq)
@@ -337,8 +205,9 @@ class SiteManifest:
         except FileNotFoundError:
             return
         for name in names:
-            if name.endswith(".log") and is_valid_id(name[:-4]):
-                yield name[:-4]
+            cid = name.removesuffix(layout.LOG_SUFFIX)
+            if cid != name and is_valid_id(cid):
+                yield cid
             elif "." not in name:  # a fan-out directory (conversation files all have an extension)
                 yield from self._logs_under(os.path.join(directory, name))
 
@@ -352,7 +221,7 @@ class SiteManifest:
 
     # ------------------------------------------------------------------ journal
     def _path(self, kind: str, gen: int) -> str:
-        return os.path.join(self.directory, f"{kind}.{gen}")
+        return layout.manifest_file(self.directory, kind, gen)
 
     def _close_journal(self) -> None:
         if self._journal_fd is not None:
@@ -428,10 +297,7 @@ class SiteManifest:
             self._apply([(cid, erased_entry())])
 
     def _newest_generation(self) -> int:
-        snaps, journals = self._generations()
-        base = snaps[-1] if snaps else 0
-        live = [g for g in journals if g >= base]
-        return live[-1] if live else base
+        return self._generations().newest
 
     def _catch_up(self) -> None:
         """Apply records other processes appended; follow compactions to newer journals."""
@@ -521,7 +387,7 @@ class SiteManifest:
     def compact(self) -> bool:
         """Fold the active journal into a new snapshot. Returns False if another process is compacting."""
         lock = filelock.FileLock(
-            os.path.join(self.directory, "compact.lock"),
+            os.path.join(self.directory, layout.COMPACT_LOCK),
             mode=FILE_MODE,
             timeout=0,
             thread_local=False,
@@ -543,7 +409,7 @@ class SiteManifest:
             # State as of snapshot.<gen> + journal.<gen>, read from disk (includes other processes).
             state = SiteManifest(
                 self.ops,
-                os.path.dirname(self.directory),
+                self.data_dir,
                 site=self.site,
                 cursor_key=self._cursor_key,
                 open_conversation=self._open_conversation,
@@ -561,8 +427,9 @@ class SiteManifest:
             lock.release()
 
     def _load_upto(self, gen: int) -> None:
-        snaps, journals = self._generations()
-        snaps = [g for g in snaps if g <= gen]
+        found = self._generations()
+        journals = found.journals
+        snaps = [g for g in found.snapshots if g <= gen]
         base = snaps[-1] if snaps else 0
         if snaps:
             self._apply_snapshot(self._path("snapshot", base))

@@ -20,7 +20,6 @@ reported, never deleted. A second repair run finds nothing (exit 0).
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shlex
 import time
@@ -28,17 +27,16 @@ from collections.abc import Callable, Iterator
 
 from ..core.errors import InvalidArgument, Timeout
 from ..core.ids import is_valid_id, is_valid_site, validate_conversation_id, validate_site
+from ..file import layout
 from ..file.fileio import OS_FILE_OPS, FileOps
-from ..file.manifest import Entry
-from ..file.store import conversation_paths
+from ..file.layout import conversation_paths
+from ..file.manifest_codec import Entry
 from .check_log import ConversationOutcome, check_conversation, current_entry
-from .check_manifest import ManifestView, describe_mismatch, manifest_dir, stray_findings
+from .check_manifest import ManifestView, describe_mismatch, stray_findings
 from .check_report import CheckContext, CheckReport, Finding, ProgressCallback, stray_kind
 
 __all__ = ["check", "CheckReport", "Finding"]
 
-_TOP_LEVEL = {"sites", "secret", "credentials.json", "credentials.lock"}
-_CONVERSATION_SUFFIXES = (".log", ".idx", ".lock")
 _HEX2 = frozenset(f"{i:02x}" for i in range(256))
 
 
@@ -60,7 +58,7 @@ def check(
     root = os.path.abspath(os.fspath(data_dir))
     if not os.path.isdir(root):
         raise InvalidArgument(f"data dir {root} does not exist or is not a directory", field="data_dir")
-    if not os.path.isdir(os.path.join(root, "sites")):  # every Store creates it: a wrong path, surely
+    if not os.path.isdir(layout.sites_dir(root)):  # every Store creates it: a wrong path, surely
         raise InvalidArgument(f"{root} is not a logstore data dir (no sites/ directory)", field="data_dir")
     if site is not None:
         validate_site(site)
@@ -108,7 +106,7 @@ def _scandir(ctx: CheckContext, path: str) -> list[os.DirEntry[str]]:
 
 
 def _sites(ctx: CheckContext, only: str | None, *, strays: bool) -> list[str]:
-    sites_dir = os.path.join(ctx.data_dir, "sites")
+    sites_dir = layout.sites_dir(ctx.data_dir)
     names = []
     for entry in _scandir(ctx, sites_dir):
         if entry.is_dir(follow_symlinks=False) and is_valid_site(entry.name):
@@ -123,7 +121,7 @@ def _check_top_level(ctx: CheckContext) -> None:
     loose = _LooseModes(ctx, None)
     loose.see(ctx.data_dir)
     for entry in _scandir(ctx, ctx.data_dir):
-        if entry.name not in _TOP_LEVEL:
+        if entry.name not in layout.TOP_LEVEL:
             _stray(ctx, entry.path, entry.name, None)
         else:
             loose.see(entry.path)
@@ -165,11 +163,6 @@ def _stray(ctx: CheckContext, path: str, name: str, site: str | None) -> None:
         ctx.found(kind, path, "logstore does not write this file here (left alone)", site=site)
 
 
-def _leaf(cid: str) -> tuple[str, str]:
-    digest = hashlib.blake2b(cid.encode(), digest_size=2).hexdigest()
-    return digest[:2], digest[2:]
-
-
 def _plan_site(ctx: CheckContext, site: str, only: str | None) -> dict[str, int]:
     """Conversations of a site to check, with their log sizes (for the progress total). Walking also
     reports files that do not belong; an index without its log is reported here (nothing to check)."""
@@ -179,9 +172,9 @@ def _plan_site(ctx: CheckContext, site: str, only: str | None) -> dict[str, int]
         if size is None and ctx.ops.exists(paths.index):
             _orphan_index(ctx, site, only, paths.index)
         return {} if size is None else {only: size}
-    site_dir = os.path.join(ctx.data_dir, "sites", site)
+    site_dir = layout.site_dir(ctx.data_dir, site)
     for entry in _scandir(ctx, site_dir):
-        if entry.name not in ("conversations", "manifest"):
+        if entry.name not in layout.SITE_ENTRIES:
             _stray(ctx, entry.path, entry.name, site)
     plan: dict[str, int] = {}
     for leaf, h1h2, files in _leaves(ctx, site):
@@ -191,8 +184,9 @@ def _plan_site(ctx: CheckContext, site: str, only: str | None) -> dict[str, int]
             base, dot, suffix = name.rpartition(".")
             if ".log.broken-" in name:
                 ctx.report.broken_files += 1
-            elif dot and "." + suffix in _CONVERSATION_SUFFIXES and is_valid_id(base):
-                if _leaf(base) != h1h2 and suffix != "log":  # a stray index or lock holds no data
+            elif dot and "." + suffix in layout.CONVERSATION_SUFFIXES and is_valid_id(base):
+                home = layout.fanout(base)
+                if home != h1h2 and suffix != "log":  # a stray index or lock holds no data
                     ctx.found(
                         "orphan-file",
                         os.path.join(leaf, name),
@@ -200,11 +194,11 @@ def _plan_site(ctx: CheckContext, site: str, only: str | None) -> dict[str, int]
                         site=site,
                         conversation=base,
                     )
-                elif _leaf(base) != h1h2:
+                elif home != h1h2:
                     ctx.found(
                         "misplaced-file",
                         os.path.join(leaf, name),
-                        f"belongs in conversations/{'/'.join(_leaf(base))}/: the engine never looks here",
+                        f"belongs in conversations/{'/'.join(home)}/: the engine never looks here",
                         site=site,
                         conversation=base,
                     )
@@ -226,9 +220,9 @@ def _orphan_index(ctx: CheckContext, site: str, cid: str, path: str) -> Finding:
 
 def _leaves(ctx: CheckContext, site: str) -> Iterator[tuple[str, tuple[str, str], list[tuple[str, int]]]]:
     """(leaf dir, (h1, h2), [(file name, size)]) for every fan-out leaf; anything else is reported."""
-    root = os.path.join(ctx.data_dir, "sites", site, "conversations")
+    root = layout.conversations_dir(ctx.data_dir, site)
     loose = _LooseModes(ctx, site)
-    for path in (os.path.dirname(root), root, os.path.join(os.path.dirname(root), "manifest")):
+    for path in (layout.site_dir(ctx.data_dir, site), root, layout.manifest_dir(ctx.data_dir, site)):
         loose.see(path)
     for d1 in _scandir(ctx, root):
         if not (d1.is_dir(follow_symlinks=False) and d1.name in _HEX2):
@@ -257,7 +251,7 @@ def _leaves(ctx: CheckContext, site: str) -> Iterator[tuple[str, tuple[str, str]
 
 # ---------------------------------------------------------------------- per site
 def _check_site(ctx: CheckContext, site: str, plan: dict[str, int], *, whole_site: bool) -> None:
-    mdir = manifest_dir(ctx.data_dir, site)
+    mdir = layout.manifest_dir(ctx.data_dir, site)
     view: ManifestView | None = ManifestView(ctx, site)
     try:
         view.load()

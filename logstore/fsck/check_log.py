@@ -28,12 +28,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.errors import Io, Timeout
-from ..file.conversation import ConversationPaths
 from ..file.fileio import FILE_MODE, FileOps
 from ..file.frame import Frame
 from ..file.index_codec import INDEX_HEADER, INDEX_HEADER_SIZE, encode_entry, header_ok
+from ..file.layout import ConversationPaths
 from ..file.locking import PathLock
-from ..file.manifest import Entry
+from ..file.manifest_codec import Entry
 from ..file.scanner import FrameMeta, ScanResult, first_valid_frame_after, frame_at, scan_log
 from .check_index import index_evidence, index_problem
 from .check_report import CheckContext, Finding

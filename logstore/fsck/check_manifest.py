@@ -19,33 +19,31 @@ Rebuild (docs/FSCK.md), under the manifest's ``compact.lock`` like a compaction,
 from __future__ import annotations
 
 import os
-import struct
 import time
 from collections.abc import Callable
 
 import filelock
-from crc32c import crc32c
 
 from ..core.errors import Timeout
 from ..core.models import micros_to_datetime, rfc3339
+from ..file import layout
 from ..file.fileio import FILE_MODE
-from ..file.manifest import (
-    _SNAPSHOT_MAGIC,
+from ..file.manifest_codec import (
+    SNAPSHOT_MAGIC,
     Entry,
+    Generations,
     decode_records,
     encode_record,
     encode_snapshot,
+    generations,
     merge_record,
+    snapshot_body,
 )
 from .check_report import CheckContext, Finding, stray_kind
 
-__all__ = ["ManifestView", "describe_mismatch", "manifest_dir", "stray_findings"]
+__all__ = ["ManifestView", "describe_mismatch", "stray_findings"]
 
 _APPEND_CHUNK = 64 * 1024
-
-
-def manifest_dir(data_dir: str, site: str) -> str:
-    return os.path.join(data_dir, "sites", site, "manifest")
 
 
 class ManifestView:
@@ -55,7 +53,7 @@ class ManifestView:
     def __init__(self, ctx: CheckContext, site: str) -> None:
         self.ctx = ctx
         self.site = site
-        self.directory = manifest_dir(ctx.data_dir, site)
+        self.directory = layout.manifest_dir(ctx.data_dir, site)
         self.entries: dict[str, Entry] = {}
         self.damage: list[tuple[str, int, str]] = []  # (path, offset, message)
         self.strays: list[tuple[str, str, str]] = []  # (kind, path, message)
@@ -63,21 +61,13 @@ class ManifestView:
         self._pos = 0
 
     def _path(self, kind: str, gen: int) -> str:
-        return os.path.join(self.directory, f"{kind}.{gen}")
+        return layout.manifest_file(self.directory, kind, gen)
 
-    def _listing(self) -> tuple[list[int], list[int], list[str]]:
+    def _listing(self) -> Generations:
         try:
-            names = self.ctx.ops.listdir(self.directory)
+            return generations(self.ctx.ops.listdir(self.directory))
         except FileNotFoundError:
-            return [], [], []
-        snaps, journals, others = [], [], []
-        for name in names:
-            kind, _, gen = name.partition(".")
-            if kind in ("snapshot", "journal") and gen.isdigit():
-                (snaps if kind == "snapshot" else journals).append(int(gen))
-            else:
-                others.append(name)
-        return sorted(snaps), sorted(journals), others
+            return generations(())
 
     def load(self) -> None:
         for _attempt in range(5):  # a compaction may delete files between listing and reading them
@@ -90,20 +80,21 @@ class ManifestView:
 
     def _load(self) -> None:
         self.entries, self.damage, self.strays = {}, [], []
-        snaps, journals, others = self._listing()
-        base = snaps[-1] if snaps else 0
-        if snaps:
+        found = self._listing()
+        base = found.base
+        if found.snapshots:
             self._read_snapshot(self._path("snapshot", base))
-        live = [g for g in journals if g >= base]
+        live = found.live_journals
         self._gen = live[-1] if live else base
         self._pos = 0
         for gen in live:
             self._read_journal(gen, newest=gen == self._gen)
-        superseded = [("snapshot", g) for g in snaps[:-1]] + [("journal", g) for g in journals if g < base]
+        superseded = [("snapshot", g) for g in found.snapshots[:-1]]
+        superseded += [("journal", g) for g in found.journals if g < base]
         for kind, gen in superseded:
             self._stray("orphan-file", self._path(kind, gen), f"superseded manifest {kind} (ignored)")
-        for name in others:
-            kind = None if name == "compact.lock" else stray_kind(name)
+        for name in found.others:
+            kind = None if name == layout.COMPACT_LOCK else stray_kind(name)
             if kind is not None:
                 self._stray(kind, os.path.join(self.directory, name), "not a manifest file (ignored)")
 
@@ -114,17 +105,13 @@ class ManifestView:
         data = self.ctx.ops.read_file(path)
         if data is None:
             raise FileNotFoundError(path)
-        body = data[len(_SNAPSHOT_MAGIC) : -4]
-        if (
-            len(data) < len(_SNAPSHOT_MAGIC) + 4
-            or not data.startswith(_SNAPSHOT_MAGIC)
-            or struct.unpack("<I", data[-4:])[0] != crc32c(body)
-        ):
+        body = snapshot_body(data)
+        if body is None:
             self.damage.append((path, 0, "snapshot fails its magic or checksum: its records are not used"))
             return
         records, pos, damaged = decode_records(body)
         if damaged or pos != len(body):
-            self.damage.append((path, len(_SNAPSHOT_MAGIC) + pos, "bad record in snapshot"))
+            self.damage.append((path, len(SNAPSHOT_MAGIC) + pos, "bad record in snapshot"))
         self._apply(records)
 
     def _read_journal(self, gen: int, *, newest: bool) -> None:
@@ -162,7 +149,7 @@ class ManifestView:
     def _apply(self, records: list[tuple[str, Entry]]) -> None:
         # SiteManifest's rule, so the view equals what a server would load.
         for cid, entry in records:
-            merge_record(self.entries, cid, entry)
+            merge_record(self.entries, cid, entry)  # the engine's rule: the view equals what it loads
 
     # ------------------------------------------------------------------ repair
     def append_records(self, records: dict[str, Entry]) -> None:
@@ -207,7 +194,7 @@ class ManifestView:
         ops = self.ctx.ops
         ops.makedirs_durable(self.directory)
         lock = filelock.FileLock(
-            os.path.join(self.directory, "compact.lock"),
+            os.path.join(self.directory, layout.COMPACT_LOCK),
             mode=FILE_MODE,
             timeout=self.ctx.lock_timeout,
             thread_local=False,
@@ -218,7 +205,8 @@ class ManifestView:
         except filelock.Timeout as exc:
             raise Timeout(f"manifest compact.lock of site {self.site} not acquired") from exc
         try:
-            snaps, journals, _ = self._listing()
+            found = self._listing()
+            snaps, journals = found.snapshots, found.journals
             new = max(snaps + journals, default=0) + 1
             fd = ops.open(self._path("journal", new), os.O_WRONLY | os.O_CREAT | os.O_EXCL)
             ops.close(fd)

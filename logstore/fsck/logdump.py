@@ -22,10 +22,10 @@ import msgspec
 
 from ..core.errors import Corrupted
 from ..core.models import micros_to_datetime, rfc3339
-from ..file.conversation import ConversationPaths
 from ..file.fileio import FileOps
 from ..file.frame import MAX_FRAME_SIZE, Frame, NeedMore, decode_frame, decode_header
 from ..file.index_codec import ENTRY_SIZE, INDEX_HEADER_SIZE, decode_entry, header_ok
+from ..file.layout import ConversationPaths
 from ..file.locking import held
 from ..file.scanner import first_valid_frame_after, frame_at, scan_log
 
