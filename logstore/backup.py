@@ -5,7 +5,7 @@ The destination is an ordinary data dir: a server can run on it, ``logstore fsck
 
 Per conversation log:
 1. under its lock (held only for this), find the end of the last acknowledged frame, as recovery does
-   (``logdump.acknowledged_end``: index tail, then the scanner). Every batch acknowledged before the
+   (``logdump.acknowledged_end``: the engine's rule, ``file.recovery``). Every batch acknowledged before the
    backup started ends at or before it; bytes past it are another writer's work in flight, not copied;
 2. without the lock, scan the source from where the destination's copy ends to that end (logs are
    append-only, so the bytes before it never change), copy those bytes, ``fdatasync``, and extend the
@@ -40,7 +40,7 @@ from .index_codec import ENTRY_SIZE, INDEX_HEADER, INDEX_HEADER_SIZE, decode_ent
 from .locking import held
 from .logdump import acknowledged_end
 from .manifest import Entry, encode_snapshot
-from .scanner import frame_at, scan_log
+from .scanner import ScanState, frame_at, scan_log
 from .store import conversation_paths
 
 __all__ = ["BackupReport", "backup", "has_conversations", "TOP_LEVEL_FILES"]
@@ -167,9 +167,10 @@ def _copy_log(ops: FileOps, src: str, dst: str, site: str, cid: str, *, lock_tim
         return _Copied(None)
     try:
         with held(sp.lock, lock_timeout):
-            end, corrupt = acknowledged_end(ops, sp, sfd)
-        if corrupt is not None:
-            return _Copied(None, corrupt=f"{site}/{cid}: {corrupt[1]} at byte {corrupt[0]}")
+            verdict = acknowledged_end(ops, sp, sfd)
+        end = verdict.end
+        if verdict.state is ScanState.CORRUPT:
+            return _Copied(None, corrupt=f"{site}/{cid}: {verdict.reason} at byte {verdict.stop}")
         if end == 0:
             return _Copied(None)
         ops.makedirs_durable(dp.directory)
@@ -180,7 +181,7 @@ def _copy_log(ops: FileOps, src: str, dst: str, site: str, cid: str, *, lock_tim
             result = scan_log(
                 ops, sfd, start=start, expected_seq=seq, last_recorded_at=last_at, file_size=end
             )
-            if result.state != "clean" or result.end != end:  # cannot be: the end was found the same way
+            if result.state is not ScanState.CLEAN or result.end != end:  # cannot be: the end was found the same way
                 return _Copied(None, corrupt=f"{site}/{cid}: {result.reason} at byte {result.stop_offset}")
             if start < end:  # else the copy is complete already (its index is written after its sync)
                 for pos in range(start, end, _CHUNK):

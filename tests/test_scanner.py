@@ -8,7 +8,7 @@ import pytest
 
 from logstore.file.fileio import OS_FILE_OPS
 from logstore.file.frame import encode_frame, encode_items
-from logstore.file.scanner import first_valid_frame_after, scan_log
+from logstore.file.scanner import ScanState, first_valid_frame_after, scan_log
 
 
 def frames(n: int, start_seq: int = 0, base: int = 0, group: bool = False) -> bytes:
@@ -32,7 +32,7 @@ def scan_bytes(tmp_path, data: bytes, **kw):
 def test_clean(tmp_path):
     data = frames(5)
     r = scan_bytes(tmp_path, data)
-    assert (r.state, r.end, r.next_seq, len(r.frames)) == ("clean", len(data), 5, 5)
+    assert (r.state, r.end, r.next_seq, len(r.frames)) == (ScanState.CLEAN, len(data), 5, 5)
     assert r.last_recorded_at == 1004
 
 
@@ -44,20 +44,20 @@ def test_start_mid_log(tmp_path):
 
 
 def test_empty_file_is_clean(tmp_path):
-    assert scan_bytes(tmp_path, b"").state == "clean"
+    assert scan_bytes(tmp_path, b"").state is ScanState.CLEAN
 
 
 @pytest.mark.parametrize("tail", [b"\0" * 100, b"LSF\x01\x00", b"garbage!" * 9])
 def test_torn_tails(tmp_path, tail):
     good = frames(3)
     r = scan_bytes(tmp_path, good + tail)
-    assert (r.state, r.stop_offset, r.end) == ("torn", len(good), len(good))
+    assert (r.state, r.stop_offset, r.end) == (ScanState.TORN, len(good), len(good))
 
 
 def test_incomplete_last_frame_is_torn(tmp_path):
     good = frames(3)
     r = scan_bytes(tmp_path, good + frames(1, 3, len(good))[:-1])
-    assert (r.state, r.reason) == ("torn", "incomplete")
+    assert (r.state, r.reason) == (ScanState.TORN, "incomplete")
 
 
 def test_hole_then_frames_of_the_same_write_is_torn(tmp_path):
@@ -66,7 +66,7 @@ def test_hole_then_frames_of_the_same_write_is_torn(tmp_path):
     first_len = len(frames(1, 2, len(good)))
     data = good + b"\0" * first_len + group[first_len:]
     r = scan_bytes(tmp_path, data)
-    assert (r.state, r.stop_offset) == ("torn", len(good))
+    assert (r.state, r.stop_offset) == (ScanState.TORN, len(good))
 
 
 def test_bad_frame_then_later_write_is_corrupt(tmp_path):
@@ -74,21 +74,21 @@ def test_bad_frame_then_later_write_is_corrupt(tmp_path):
     victim = len(frames(1))
     data[victim + 44] ^= 1
     r = scan_bytes(tmp_path, bytes(data))
-    assert (r.state, r.stop_offset, r.reason, r.next_seq) == ("corrupt", victim, "crc-mismatch", 1)
+    assert (r.state, r.stop_offset, r.reason, r.next_seq) == (ScanState.CORRUPT, victim, "crc-mismatch", 1)
 
 
 def test_seq_gap_is_corrupt(tmp_path):
     first = frames(2)
     data = first + frames(1, 5, len(first))
     r = scan_bytes(tmp_path, data)
-    assert (r.state, r.reason, r.stop_offset) == ("corrupt", "seq-gap", len(first))
+    assert (r.state, r.reason, r.stop_offset) == (ScanState.CORRUPT, "seq-gap", len(first))
 
 
 def test_timestamp_regression_is_reported(tmp_path):
     a = encode_frame(0, 1, 2000, 0, encode_items([b"{}"]))
     b = encode_frame(1, 1, 1000, len(a), encode_items([b"{}"]))
     r = scan_bytes(tmp_path, a + b)
-    assert r.state == "clean" and r.timestamp_regressions == [len(a)]
+    assert r.state is ScanState.CLEAN and r.timestamp_regressions == [len(a)]
 
 
 def test_first_valid_frame_after(tmp_path):

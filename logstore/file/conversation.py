@@ -43,11 +43,12 @@ from .index_codec import (
     decode_entry,
     encode_entry,
     entry_first_seq,
-    header_ok,
+    index_entries,
 )
 from .layout import ConversationPaths
 from .locking import PathLock
-from .scanner import ScanResult, read_frame_at, scan_log
+from .recovery import NO_ANCHOR, Evidence, Recovered, Verdict, judge, recover
+from .scanner import ScanResult, ScanState, read_frame_at, scan_log
 
 __all__ = ["ConversationLog", "AppendRequest", "CommitInfo"]
 
@@ -161,7 +162,6 @@ class ConversationLog:
         self._tail_sig: tuple[int, bytes] | None = None  # (tail offset, its magic + CRC bytes)
         self._corrupt: tuple[int, str] | None = None  # (offset, reason)
         self._torn_at: int | None = None
-        self._index_corrupt_hint: tuple[int, str] | None = None
         self._index_valid = 0  # leading index-file entries known to equal self._entries
 
     @property
@@ -223,16 +223,7 @@ class ConversationLog:
             # append by another process in between look like a missing acknowledged frame (Corrupted).
             entries = self._read_index_entries()
             size = self.ops.size(self._log_fd)
-            start, expected_seq, last_at = self._validate_index_tail(entries, size)
-            result = scan_log(
-                self.ops,
-                self._log_fd,
-                start=start,
-                expected_seq=expected_seq,
-                last_recorded_at=last_at,
-                file_size=size,
-            )
-            self._absorb_scan(result)
+            self._adopt(recover(self.ops, self._log_fd, entries, size), entries)
             self._load_created_at()
         except OSError as exc:
             self._close_fds()
@@ -242,62 +233,37 @@ class ConversationLog:
     def _read_index_entries(self) -> bytearray:
         if self._idx_fd is None:
             return bytearray()
-        data = self.ops.pread(self._idx_fd, self.ops.size(self._idx_fd), 0)
-        if not header_ok(data):
-            return bytearray()
-        body = data[INDEX_HEADER_SIZE:]
-        return bytearray(body[: len(body) - len(body) % ENTRY_SIZE])
+        return bytearray(index_entries(self.ops.pread(self._idx_fd, self.ops.size(self._idx_fd), 0)))
 
-    def _validate_index_tail(self, entries: bytearray, size: int) -> tuple[int, int, int | None]:
-        """Keep the longest index prefix whose last entry matches a good frame; return where to scan from
-        (offset, expected seq, last recorded_at). A checked entry is only ever written after its frame was
-        fsynced, so a checked entry whose frame is bad or missing marks corruption, not a torn tail."""
-        n = len(entries) // ENTRY_SIZE
-        acknowledged_bad: tuple[int, str] | None = None
-        while n > 0:
-            entry = decode_entry(entries, n - 1)
-            if entry is None:  # torn or zeroed entry (the index is not fsynced): just drop it
-                n -= 1
-                continue
-            offset, first_seq = entry
-            frame = self._read_frame(offset, size) if offset < size else None
-            if isinstance(frame, Frame) and frame.first_seq == first_seq:
-                del entries[n * ENTRY_SIZE :]
-                self._entries = entries
-                self._index_valid = n
-                self._end = frame.end
-                self._next_seq = frame.first_seq + frame.count
-                self._last_at = frame.recorded_at
-                self._tail_offset = frame.offset
-                self._index_corrupt_hint = acknowledged_bad
-                return frame.end, self._next_seq, frame.recorded_at
-            if isinstance(frame, Frame):  # a good frame with another seq: the index is wrong, not the log
-                log.warning("index %s disagrees with log at entry %d; rebuilding", self.paths.index, n - 1)
-                acknowledged_bad = None
-                break
-            reason = getattr(frame, "reason", None) or ("missing" if offset >= size else "incomplete")
-            acknowledged_bad = (min(offset, size), reason)
-            n -= 1
-        self._entries = bytearray()
-        self._index_corrupt_hint = acknowledged_bad
-        return 0, 0, None
+    def _adopt(self, recovered: Recovered, entries: bytearray) -> None:
+        """Take in a recovery (``recovery.recover``, the one acknowledged-end rule): the index prefix up
+        to its anchor, the frames scanned after it, and the verdict."""
+        anchor = recovered.anchor
+        if anchor.wrong:
+            log.warning("index %s disagrees with the log; rebuilding", self.paths.index)
+        if anchor.frame is not None:
+            del entries[anchor.kept * ENTRY_SIZE :]
+            self._entries = entries
+            self._index_valid = anchor.kept
+            self._end, self._next_seq = anchor.frame.end, anchor.next_seq
+            self._last_at, self._tail_offset = anchor.frame.recorded_at, anchor.frame.offset
+        else:
+            self._entries = bytearray()
+        self._absorb(recovered.scan, recovered.verdict)
 
-    def _absorb_scan(self, result: ScanResult) -> None:
-        for meta in result.frames:
+    def _absorb(self, scan: ScanResult, verdict: Verdict) -> None:
+        """Append a scan's frames to the state and take its verdict."""
+        for meta in scan.frames:
             self._entries += encode_entry(meta.offset, meta.first_seq)
             self._end = meta.end
             self._next_seq = meta.first_seq + meta.count
             self._last_at = max(meta.recorded_at, self._last_at or meta.recorded_at)
             self._tail_offset = meta.offset
-        hint, self._index_corrupt_hint = self._index_corrupt_hint, None
-        if result.state == "corrupt":
-            self._corrupt = (result.stop_offset, result.reason or "corrupt")  # type: ignore[assignment]
-        elif hint is not None and (result.stop_offset if result.state == "torn" else result.end) <= hint[0]:
-            # The scan stopped at or before a frame the index proves was acknowledged: not a torn tail.
-            stop = result.stop_offset if result.state == "torn" else result.end
-            self._corrupt = (stop, result.reason or hint[1])  # type: ignore[assignment]
-        elif result.state == "torn":
-            self._torn_at = result.stop_offset
+        if verdict.state is ScanState.CORRUPT:
+            assert verdict.stop is not None and verdict.reason is not None
+            self._corrupt = (verdict.stop, verdict.reason)
+        elif verdict.state is ScanState.TORN:
+            self._torn_at = verdict.stop
 
     def _load_created_at(self) -> None:
         if self._next_seq == 0 or self._log_fd is None:
@@ -362,7 +328,7 @@ class ConversationLog:
                     raise self._io_error("read", exc) from exc
                 with self._state_lock:
                     self._torn_at = None
-                    self._absorb_scan(result)
+                    self._absorb(result, judge(result, None))
                     if self._created_at is None:
                         self._load_created_at()
         if locked and self._torn_at is not None and self._corrupt is None:
@@ -780,19 +746,16 @@ class ConversationLog:
                 result = scan_log(self.ops, self._log_fd, start=0, expected_seq=0)
             except OSError as exc:
                 raise self._io_error("verify read", exc) from exc
+            # Frames before believed_end were served as acknowledged: a scan stopping inside them is
+            # corruption, never a torn tail (a clean shorter log was cut back by a repair: take it).
+            evidence = None
+            if result.state is not ScanState.CLEAN and believed_end > 0:
+                evidence = Evidence(believed_end - 1, "corrupt")
             with self._state_lock:
-                self._entries = bytearray()
                 self._end, self._next_seq, self._last_at, self._tail_offset = 0, 0, None, None
                 self._corrupt = self._torn_at = None
                 self._index_valid = 0
-                self._absorb_scan(result)
-                if (
-                    result.state != "clean"
-                    and result.stop_offset is not None
-                    and result.stop_offset < believed_end
-                ):
-                    self._corrupt = (result.stop_offset, result.reason or "corrupt")
-                    self._torn_at = None
+                self._adopt(Recovered(NO_ANCHOR, result, judge(result, evidence)), bytearray())
                 self._generation += 1
             log.warning(
                 "rebuilt in-memory index of %s from the log (%d frames)", self.paths.log, len(result.frames)

@@ -27,6 +27,7 @@ __all__ = [
     "decode_entry",
     "entry_first_seq",
     "header_ok",
+    "index_entries",
 ]
 
 INDEX_MAGIC = b"LSIX"
@@ -41,6 +42,15 @@ ENTRY_SIZE = 16
 
 def header_ok(buf: bytes | memoryview) -> bool:
     return bytes(buf[:INDEX_HEADER_SIZE]) == INDEX_HEADER
+
+
+def index_entries(data: bytes | bytearray | None) -> bytes:
+    """The whole entries of an index file's bytes: header stripped, a partial last entry dropped; empty
+    if the file is missing or its header is wrong."""
+    if not data or not header_ok(data):
+        return b""
+    body = bytes(data[INDEX_HEADER_SIZE:])
+    return body[: len(body) - len(body) % ENTRY_SIZE]
 
 
 def encode_entry(frame_offset: int, first_seq: int) -> bytes:

@@ -19,13 +19,30 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import Enum
 
 from .fileio import FileOps
 from .frame import MAGIC, PREFIX_SIZE, Frame, FrameDecoder, Invalid, NeedMore, decode_frame
 
-__all__ = ["FrameMeta", "ScanResult", "scan_log", "first_valid_frame_after", "read_frame_at", "frame_at"]
+__all__ = [
+    "ScanState",
+    "FrameMeta",
+    "ScanResult",
+    "scan_log",
+    "first_valid_frame_after",
+    "read_frame_at",
+    "frame_at",
+]
 
 _CHUNK = 4 * 1024 * 1024
+
+
+class ScanState(Enum):
+    """What follows the last good frame of a scan."""
+
+    CLEAN = "clean"  # nothing: the file ends at a frame boundary
+    TORN = "torn"  # a write that never completed (never acknowledged): recovery truncates it
+    CORRUPT = "corrupt"  # damage with acknowledged data after it: reported, never dropped
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +64,7 @@ class ScanResult:
     end: int = 0  # end of the last good frame: where the next frame goes
     next_seq: int = 0
     last_recorded_at: int | None = None
-    state: str = "clean"  # clean | torn | corrupt
+    state: ScanState = ScanState.CLEAN
     stop_offset: int | None = None  # p, for torn and corrupt
     reason: str | None = (
         None  # why the frame at p is not good (bad-magic, crc-mismatch, incomplete, seq-gap...)
@@ -124,10 +141,10 @@ def _stop(ops: FileOps, fd: int, result: ScanResult, offset: int, reason: str, s
     result.stop_offset = offset
     result.reason = reason
     if reason == "seq-gap":
-        result.state = "corrupt"
+        result.state = ScanState.CORRUPT
         return
     later = first_valid_frame_after(ops, fd, offset, size, later_write_only=True)
-    result.state = "corrupt" if later is not None else "torn"
+    result.state = ScanState.CORRUPT if later is not None else ScanState.TORN
 
 
 def first_valid_frame_after(

@@ -8,8 +8,8 @@ How a conversation is checked (docs/FSCK.md):
    good frame to the current end of file. A good prefix is immutable (the log is append-only; only a repair
    cuts it, and a log it cuts is corrupt, which is rescanned whole), so this sees exactly what recovery
    would see now, and an append in flight during pass 1 is never mistaken for a torn tail.
-3. Torn tail vs corruption, as in ``ConversationLog``: an index entry is written only after its frame was
-   fsynced, so a checked index entry at or past the scanner's stop point proves that bytes there were
+3. Torn tail vs corruption: the engine's own rule, ``file.recovery`` (index anchor and evidence, then
+   ``judge``): a checked index entry at or past the scanner's stop point proves that bytes there were
    acknowledged: that is corruption (``missing-frames`` if the log simply ends), never a torn tail.
 4. Index, both directions: entry i must equal frame i of the good prefix (offset, first seq, check);
    fewer entries is lag (``index-stale``), any other disagreement ``index-wrong``. A corrupt log's index is
@@ -30,59 +30,24 @@ from typing import Any
 from ..core.errors import Io, Timeout
 from ..file.fileio import FILE_MODE, FileOps
 from ..file.frame import Frame
-from ..file.index_codec import INDEX_HEADER, INDEX_HEADER_SIZE, encode_entry, header_ok
+from ..file.index_codec import INDEX_HEADER, INDEX_HEADER_SIZE, encode_entry, header_ok, index_entries
 from ..file.layout import ConversationPaths
 from ..file.locking import PathLock
 from ..file.manifest_codec import Entry
-from ..file.scanner import FrameMeta, ScanResult, first_valid_frame_after, frame_at, scan_log
+from ..file.recovery import anchor_index, judge
+from ..file.scanner import (
+    FrameMeta,
+    ScanState,
+    read_frame_at,
+)
 from .check_index import index_evidence, index_problem
 from .check_report import CheckContext, Finding
+from .segments import LogScan, locked_rescan, scan_segments
 
-__all__ = [
-    "LogScan",
-    "ConversationOutcome",
-    "check_conversation",
-    "current_entry",
-    "scan_segments",
-    "save_broken",
-]
+__all__ = ["ConversationOutcome", "check_conversation", "current_entry", "save_broken"]
 
 _COPY_CHUNK = 4 * 1024 * 1024
 _REASON_KIND = {"incomplete": "truncated-frame"}  # other scanner reasons are kinds already
-
-
-@dataclass(slots=True)
-class LogScan:
-    """A log as the scanner sees it: segments of good frames, each ended by a stop (or the clean end).
-    Segment 0 starts at byte 0; segment k+1 starts at the first valid frame after segment k's stop."""
-
-    size: int
-    segments: list[ScanResult]
-
-    @property
-    def prefix(self) -> ScanResult:
-        return self.segments[0]
-
-    @property
-    def last(self) -> ScanResult:
-        return self.segments[-1]
-
-    @property
-    def corrupt(self) -> bool:
-        return any(seg.state == "corrupt" for seg in self.segments)
-
-    def all_frames(self) -> list[FrameMeta]:
-        return [meta for seg in self.segments for meta in seg.frames]
-
-    def entry(self) -> Entry:
-        """The manifest entry these frames imply (created_at from seq 0, newest recorded_at, good end)."""
-        frames = self.all_frames()
-        if not frames:
-            return Entry(-1, -1, 0, 0)
-        created = frames[0].recorded_at if frames[0].first_seq == 0 else -1
-        last_good = self.segments[-1] if self.segments[-1].frames else self.segments[0]
-        newest = max(meta.recorded_at for meta in frames)
-        return Entry(created, newest, last_good.end, max(seg.next_seq for seg in self.segments))
 
 
 @dataclass(slots=True)
@@ -95,73 +60,6 @@ class ConversationOutcome:
     size: int = 0  # file size after repairs
     frames: int = 0
     items: int = 0
-
-
-def scan_segments(
-    ops: FileOps,
-    fd: int,
-    *,
-    size: int,
-    start: int = 0,
-    expected_seq: int = 0,
-    last_at: int | None = None,
-    on_frame: Callable[[Frame], None] | None = None,
-) -> list[ScanResult]:
-    """``scan_log`` from ``start``, then again after every corruption from the next valid frame."""
-    segments: list[ScanResult] = []
-    while True:
-        result = scan_log(
-            ops,
-            fd,
-            start=start,
-            expected_seq=expected_seq,
-            last_recorded_at=last_at,
-            file_size=size,
-            on_frame=on_frame,
-        )
-        segments.append(result)
-        if result.state != "corrupt" or result.stop_offset is None:
-            return segments
-        if result.reason == "seq-gap":  # the frame at the stop point is valid; it starts the next segment
-            nxt = frame_at(ops, fd, result.stop_offset, size)
-        else:
-            nxt = first_valid_frame_after(ops, fd, result.stop_offset, size)
-        if nxt is None:
-            return segments
-        start, expected_seq, last_at = nxt.offset, nxt.first_seq, result.last_recorded_at
-
-
-def _locked_rescan(ops: FileOps, fd: int, scan: LogScan, on_frame: Callable[[Frame], None] | None) -> LogScan:
-    """Bring an unlocked scan up to date under the lock (see the module docstring, step 2)."""
-    size = ops.size(fd)
-    last = scan.last
-    if size == scan.size and last.state != "torn":
-        return scan  # nothing appended; a torn tail is re-read below (it may have been cut and rewritten)
-    if size < scan.size or (size != scan.size and (len(scan.segments) > 1 or last.state == "corrupt")):
-        # Cut back (a repair elsewhere), or a corrupt log that changed: start over.
-        return LogScan(size, scan_segments(ops, fd, size=size, on_frame=on_frame))
-    tail = scan_segments(
-        ops,
-        fd,
-        size=size,
-        start=last.end,
-        expected_seq=last.next_seq,
-        last_at=last.last_recorded_at,
-        on_frame=on_frame,
-    )
-    head = tail[0]
-    merged = ScanResult(
-        frames=last.frames + head.frames,
-        end=head.end,
-        next_seq=head.next_seq,
-        last_recorded_at=head.last_recorded_at,
-        state=head.state,
-        stop_offset=head.stop_offset,
-        reason=head.reason,
-        file_size=size,
-        timestamp_regressions=last.timestamp_regressions + head.timestamp_regressions,
-    )
-    return LogScan(size, [*scan.segments[:-1], merged, *tail[1:]])
 
 
 def save_broken(ops: FileOps, path: str, fd: int, start: int, size: int) -> str:
@@ -261,21 +159,22 @@ def _check_locked(
     on_frame: Callable[[Frame], None] | None,
 ) -> ConversationOutcome:
     ops = ctx.ops
-    scan = _locked_rescan(ops, fd, scan, on_frame)
+    scan = locked_rescan(ops, fd, scan, on_frame)
     ctx.report.bytes += scan.size
     index = ops.read_file(paths.index)
     ctx.report.index_bytes += len(index or b"")
     body = index[INDEX_HEADER_SIZE:] if index and header_ok(index) else b""
     expected = b"".join(encode_entry(meta.offset, meta.first_seq) for meta in scan.prefix.frames)
 
-    # Step 3: a checked index entry at or past the stop point proves those bytes were acknowledged.
+    # Step 3: the engine's own rule (file.recovery) decides between torn tail and corruption.
     last = scan.last
-    stop = last.stop_offset if last.state == "torn" else last.end if last.state == "clean" else None
-    evidence = index_evidence(body, expected, stop) if stop is not None else []
-    if evidence:
-        if last.state == "clean":
-            last.stop_offset, last.reason = last.end, "missing-frames"
-        last.state = "corrupt"
+    anchor = anchor_index(index_entries(index), scan.size, lambda at: read_frame_at(ops, fd, at, scan.size))
+    verdict = judge(last, anchor.evidence)
+    evidence: list[tuple[int, int]] = []
+    if verdict.state is ScanState.CORRUPT and last.state is not ScanState.CORRUPT:
+        assert verdict.stop is not None
+        evidence = index_evidence(body, expected, verdict.stop)  # the acknowledged seqs, for the report
+        last.state, last.stop_offset, last.reason = ScanState.CORRUPT, verdict.stop, verdict.reason
 
     def add(kind: str, path: str, message: str, **fields: Any) -> Finding:
         return ctx.found(kind, path, message, site=site, conversation=conversation, **fields)
@@ -287,7 +186,7 @@ def _check_locked(
     if scan.corrupt and ctx.truncate_corrupt:
         cut = scan.prefix.stop_offset
         lost = _lost_seqs(scan, evidence)
-    elif last.state == "torn" and ctx.repair:
+    elif last.state is ScanState.TORN and ctx.repair:
         cut = last.stop_offset
     if cut is not None:
         saved = _cut_log(ctx, paths, cut, scan.size)
@@ -308,10 +207,10 @@ def _check_locked(
                 seqs=(meta.first_seq, meta.first_seq + meta.count - 1),
                 fixed=gone,
             )
-        if seg.state == "clean" or seg.stop_offset is None:
+        if seg.state is ScanState.CLEAN or seg.stop_offset is None:
             continue
         fixed = cut is not None and cut <= seg.stop_offset
-        if seg.state == "torn":
+        if seg.state is ScanState.TORN:
             add(
                 "torn-tail",
                 paths.log,
@@ -350,7 +249,7 @@ def _check_locked(
     if cut is not None:  # what is left ends cleanly at the cut
         keep = next(k for k, seg in enumerate(scan.segments) if seg.stop_offset == cut)
         head = scan.segments[keep]
-        head.state, head.stop_offset, head.reason, head.file_size = "clean", None, None, cut
+        head.state, head.stop_offset, head.reason, head.file_size = ScanState.CLEAN, None, None, cut
         scan = LogScan(cut, scan.segments[: keep + 1])
 
     if not scan.corrupt:

@@ -5,9 +5,9 @@
   check, then a resync to the next valid frame found by its magic), like ``kafka-dump-log``. It takes no
   lock: it is a diagnostic and shows in-flight bytes as they are.
 - ``export_items`` streams a consistent snapshot: under the conversation lock (held only briefly) it finds
-  the end of the last acknowledged frame, exactly as recovery does (index tail, then the scanner over the
-  rest); then, without the lock, the scanner streams every item before that end. Appends made meanwhile
-  are not included. Corruption raises ``Corrupted`` (file and offset) after everything before it was
+  the end of the last acknowledged frame with the engine's own rule (``file.recovery.recover``); then,
+  without the lock, the scanner streams every item before that end. Appends made meanwhile are not
+  included. Corruption raises ``Corrupted`` (file and offset) after everything before it was
   written; memory stays constant (the scanner's read buffer).
 """
 
@@ -24,10 +24,11 @@ from ..core.errors import Corrupted
 from ..core.models import micros_to_datetime, rfc3339
 from ..file.fileio import FileOps
 from ..file.frame import MAX_FRAME_SIZE, Frame, NeedMore, decode_frame, decode_header
-from ..file.index_codec import ENTRY_SIZE, INDEX_HEADER_SIZE, decode_entry, header_ok
+from ..file.index_codec import ENTRY_SIZE, decode_entry, index_entries
 from ..file.layout import ConversationPaths
 from ..file.locking import held
-from ..file.scanner import first_valid_frame_after, frame_at, scan_log
+from ..file.recovery import Verdict, recover
+from ..file.scanner import ScanState, first_valid_frame_after, frame_at, scan_log
 
 __all__ = ["DumpRecord", "dump_frames", "export_items", "acknowledged_end"]
 
@@ -52,11 +53,7 @@ class DumpRecord:
 
 
 def _index_entries(ops: FileOps, paths: ConversationPaths) -> bytes:
-    data = ops.read_file(paths.index) or b""
-    if not header_ok(data):
-        return b""
-    body = data[INDEX_HEADER_SIZE:]
-    return body[: len(body) - len(body) % ENTRY_SIZE]
+    return index_entries(ops.read_file(paths.index))
 
 
 def _seek_seq(ops: FileOps, fd: int, entries: bytes, seq: int, size: int) -> int:
@@ -117,33 +114,10 @@ def dump_frames(
         ops.close(fd)
 
 
-def acknowledged_end(ops: FileOps, paths: ConversationPaths, fd: int) -> tuple[int, tuple[int, str] | None]:
-    """(end of the last acknowledged frame, corruption at or before it or None). Caller holds the lock.
-
-    Recovery's rule: the last index entry whose frame checks out is acknowledged; the scanner takes it
-    from there; a checked index entry at or past where it stops proves that spot was acknowledged."""
-    size = ops.size(fd)
-    entries = _index_entries(ops, paths)
-    start, seq, evidence = 0, 0, None
-    for i in range(len(entries) // ENTRY_SIZE - 1, -1, -1):
-        entry = decode_entry(entries, i)
-        if entry is None:
-            continue
-        frame = frame_at(ops, fd, entry[0], size) if entry[0] < size else None
-        if frame is not None and frame.first_seq == entry[1]:
-            start, seq = frame.offset, frame.first_seq
-            break
-        if frame is not None:  # a good frame with another seq: the index is wrong, not the log
-            evidence = None
-            break
-        evidence = min(entry[0], size) if evidence is None else min(evidence, entry[0], size)
-    result = scan_log(ops, fd, start=start, expected_seq=seq, file_size=size, keep_frames=False)
-    if result.state == "corrupt":
-        return result.end, (result.stop_offset or result.end, result.reason or "corrupt")
-    stop = result.stop_offset if result.state == "torn" else result.end
-    if evidence is not None and stop is not None and stop <= evidence:
-        return result.end, (stop, result.reason or "missing-frames")
-    return result.end, None
+def acknowledged_end(ops: FileOps, paths: ConversationPaths, fd: int) -> Verdict:
+    """Where acknowledged data ends in the open log ``fd`` and whether it is damaged: the engine's own
+    rule (``file.recovery``), so export, backup and the engine agree on every log. Caller holds the lock."""
+    return recover(ops, fd, _index_entries(ops, paths), ops.size(fd), keep_frames=False).verdict
 
 
 def export_items(
@@ -163,7 +137,7 @@ def export_items(
     written = 0
     try:
         with held(paths.lock, lock_timeout):
-            end, corrupt = acknowledged_end(ops, paths, fd)
+            verdict = acknowledged_end(ops, paths, fd)
 
         def emit(frame: Frame) -> None:
             nonlocal written
@@ -178,11 +152,12 @@ def export_items(
             out.write(b"".join(lines))
             written += len(lines)
 
-        result = scan_log(ops, fd, file_size=end, keep_frames=False, keep_items=True, on_frame=emit)
-        if result.state != "clean":  # bytes before the acknowledged end must all be good frames
+        result = scan_log(ops, fd, file_size=verdict.end, keep_frames=False, keep_items=True, on_frame=emit)
+        if result.state is not ScanState.CLEAN:  # bytes before the acknowledged end must all be good
             raise _corrupted(paths, result.stop_offset or result.end, result.reason or "corrupt")
-        if corrupt is not None:
-            raise _corrupted(paths, *corrupt)
+        if verdict.state is ScanState.CORRUPT:
+            assert verdict.stop is not None and verdict.reason is not None
+            raise _corrupted(paths, verdict.stop, verdict.reason)
         return written
     finally:
         ops.close(fd)
