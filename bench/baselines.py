@@ -33,7 +33,13 @@ _encode = msgspec.json.Encoder().encode
 def frame_bytes(items: list[dict[str, Any]]) -> bytes:
     """The exact frame the engine writes for this batch (timestamps and seqs do not change its size)."""
     batch = prepare_batch(items)
-    return encode_frame(0, batch.count, time.time_ns() // 1000, 0, encode_items(batch.items))
+    return encode_frame(
+        first_seq=0,
+        count=batch.count,
+        recorded_at=time.time_ns() // 1000,
+        write_start=0,
+        encoded_items=encode_items(batch.items),
+    )
 
 
 def raw_fdatasync(directory: str, data: bytes, threads: int, duration: float) -> float:

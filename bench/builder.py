@@ -66,8 +66,12 @@ def _log_bytes(i: int, n: int, base_us: int) -> tuple[bytes, int]:
     """The log file of conversation i and the offset of its second frame."""
     created, last = conversation_times(i, n, base_us)
     first, second = (_encode(p) for p in expected_payloads(i))
-    f0 = encode_frame(0, 1, created, 0, encode_items([first]))
-    f1 = encode_frame(1, 1, last, len(f0), encode_items([second]))
+    f0 = encode_frame(
+        first_seq=0, count=1, recorded_at=created, write_start=0, encoded_items=encode_items([first])
+    )
+    f1 = encode_frame(
+        first_seq=1, count=1, recorded_at=last, write_start=len(f0), encoded_items=encode_items([second])
+    )
     return f0 + f1, len(f0)
 
 

@@ -69,11 +69,11 @@ def rewrite_frame(
         frame = decode_frame(raw)
         assert isinstance(frame, Frame), f"no valid frame at {offset} of {path}: {frame}"
         new = encode_frame(
-            frame.first_seq if first_seq is None else first_seq,
-            frame.count,
-            frame.recorded_at if recorded_at is None else recorded_at,
-            frame.write_start,
-            raw[HEADER_SIZE:],
+            first_seq=frame.first_seq if first_seq is None else first_seq,
+            count=frame.count,
+            recorded_at=frame.recorded_at if recorded_at is None else recorded_at,
+            write_start=frame.write_start,
+            encoded_items=raw[HEADER_SIZE:],
         )
         assert len(new) == len(raw)
         f.seek(offset)

@@ -114,7 +114,9 @@ def torn_garbage(w: World) -> Expect:
 
 def torn_partial_frame(w: World) -> Expect:
     size = os.path.getsize(w.paths().log)
-    partial = encode_frame(15, 1, 0, size, encode_items([b'{"torn":true}']))[:30]
+    partial = encode_frame(
+        first_seq=15, count=1, recorded_at=0, write_start=size, encoded_items=encode_items([b'{"torn":true}'])
+    )[:30]
     append_garbage(w.paths().log, partial)
     return Expect("torn-tail", w.rel(w.paths().log), size, None, broken=partial)
 
@@ -128,9 +130,15 @@ def torn_zeros(w: World) -> Expect:
 def torn_group_commit(w: World) -> Expect:
     """A group commit whose first frame is a hole and whose second landed: never acknowledged."""
     size = os.path.getsize(w.paths().log)
-    f1 = bytearray(encode_frame(15, 1, 0, size, encode_items([b'{"a":1}'])))
+    f1 = bytearray(
+        encode_frame(
+            first_seq=15, count=1, recorded_at=0, write_start=size, encoded_items=encode_items([b'{"a":1}'])
+        )
+    )
     f1[20:30] = b"\0" * 10
-    f2 = encode_frame(16, 1, 0, size, encode_items([b'{"b":2}']))
+    f2 = encode_frame(
+        first_seq=16, count=1, recorded_at=0, write_start=size, encoded_items=encode_items([b'{"b":2}'])
+    )
     append_garbage(w.paths().log, bytes(f1) + f2)
     return Expect("torn-tail", w.rel(w.paths().log), size, None, broken=bytes(f1) + f2)
 

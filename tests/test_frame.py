@@ -15,6 +15,7 @@ from logstore.file.frame import (
     MAX_FRAME_SIZE,
     Frame,
     FrameDecoder,
+    FrameHeader,
     Invalid,
     NeedMore,
     decode_frame,
@@ -32,7 +33,13 @@ def make(
     recorded_at: int = 1_764_000_000_000_000,
     write_start: int = 0,
 ) -> bytes:
-    return encode_frame(first_seq, len(items), recorded_at, write_start, encode_items(items))
+    return encode_frame(
+        first_seq=first_seq,
+        count=len(items),
+        recorded_at=recorded_at,
+        write_start=write_start,
+        encoded_items=encode_items(items),
+    )
 
 
 def test_round_trip_fields():
@@ -57,8 +64,16 @@ def test_layout_matches_format_doc():
 
 def test_decode_header_probe():
     raw = make(first_seq=3)
-    assert decode_header(raw) == (len(raw), 3, 3, 1_764_000_000_000_000)
+    assert decode_header(raw) == FrameHeader(len(raw), 3, 3, 1_764_000_000_000_000, 0)
     assert decode_header(b"\0" * 64) is None
+
+
+def test_unknown_version_is_unsupported_not_bad_magic():
+    raw = bytearray(make())
+    raw[3] = 2  # b"LSF" + a version this build does not know
+    assert decode_frame(raw) == Invalid(0, "unsupported-version")
+    raw[0] ^= 0xFF
+    assert decode_frame(raw) == Invalid(0, "bad-magic")
 
 
 def test_base_offset_and_position():
@@ -75,8 +90,10 @@ def test_every_header_byte_corrupted_is_detected(offset):
     event = decode_frame(bytes(raw))
     # A damaged length may make the frame look longer than the buffer: that is "need more", never a frame.
     assert not isinstance(event, Frame)
-    if offset < 4:
+    if offset < 3:
         assert isinstance(event, Invalid) and event.reason == "bad-magic"
+    elif offset == 3:  # the version byte
+        assert isinstance(event, Invalid) and event.reason == "unsupported-version"
     elif offset >= 12:
         assert isinstance(event, Invalid) and event.reason == "crc-mismatch"
 
@@ -104,9 +121,24 @@ def test_implausible_length_is_invalid_not_need_more():
 def test_count_and_item_lengths_must_match_length():
     items = encode_items(ITEMS)
     # count says 4 but only 3 items present: CRC is valid, structure is not
-    assert decode_frame(encode_frame(0, 4, 0, 0, items)).reason == "bad-item-length"  # type: ignore[union-attr]
-    assert decode_frame(encode_frame(0, 2, 0, 0, items)).reason == "bad-item-length"  # type: ignore[union-attr]
-    assert decode_frame(encode_frame(0, 0, 0, 0, items)).reason == "bad-count"  # type: ignore[union-attr]
+    assert (
+        decode_frame(
+            encode_frame(first_seq=0, count=4, recorded_at=0, write_start=0, encoded_items=items)
+        ).reason
+        == "bad-item-length"
+    )  # type: ignore[union-attr]
+    assert (
+        decode_frame(
+            encode_frame(first_seq=0, count=2, recorded_at=0, write_start=0, encoded_items=items)
+        ).reason
+        == "bad-item-length"
+    )  # type: ignore[union-attr]
+    assert (
+        decode_frame(
+            encode_frame(first_seq=0, count=0, recorded_at=0, write_start=0, encoded_items=items)
+        ).reason
+        == "bad-count"
+    )  # type: ignore[union-attr]
 
 
 def test_truncated_frame_needs_more():
@@ -169,7 +201,13 @@ json_objects = st.dictionaries(st.text(max_size=8), st.integers() | st.text(max_
     st.integers(0, 2**40),
 )
 def test_round_trip_property(items, first_seq, recorded_at, write_start):
-    raw = encode_frame(first_seq, len(items), recorded_at, write_start, encode_items(items))
+    raw = encode_frame(
+        first_seq=first_seq,
+        count=len(items),
+        recorded_at=recorded_at,
+        write_start=write_start,
+        encoded_items=encode_items(items),
+    )
     frame = decode_frame(raw)
     assert isinstance(frame, Frame)
     assert frame.items == tuple(items) and frame.first_seq == first_seq

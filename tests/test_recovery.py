@@ -48,7 +48,9 @@ def reopen_and_check(data_dir, expected, *, appendable: bool = True):
 def test_torn_tail_incomplete_frame_is_truncated(data_dir, cut):
     log, _, items = build(data_dir)
     size = os.path.getsize(log)
-    partial = encode_frame(15, 1, 0, size, encode_items([b'{"torn":true}']))[:cut]
+    partial = encode_frame(
+        first_seq=15, count=1, recorded_at=0, write_start=size, encoded_items=encode_items([b'{"torn":true}'])
+    )[:cut]
     append_garbage(log, partial)
     reopen_and_check(data_dir, items)
     assert frames_of(log)[-1].first_seq == 15  # the new append replaced the torn bytes
@@ -72,8 +74,12 @@ def test_torn_group_write_hole_then_frames_of_same_write_is_truncated(data_dir):
     frames of the same write did. Never acknowledged, so it is a torn tail, not corruption."""
     log, _, items = build(data_dir)
     start = os.path.getsize(log)
-    f1 = encode_frame(15, 1, 0, start, encode_items([b'{"g":1}']))
-    f2 = encode_frame(16, 1, 0, start, encode_items([b'{"g":2}']))
+    f1 = encode_frame(
+        first_seq=15, count=1, recorded_at=0, write_start=start, encoded_items=encode_items([b'{"g":1}'])
+    )
+    f2 = encode_frame(
+        first_seq=16, count=1, recorded_at=0, write_start=start, encoded_items=encode_items([b'{"g":2}'])
+    )
     append_garbage(log, b"\0" * len(f1) + f2)
     reopen_and_check(data_dir, items)
 

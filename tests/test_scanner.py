@@ -15,7 +15,13 @@ def frames(n: int, start_seq: int = 0, base: int = 0, group: bool = False) -> by
     out = b""
     for k in range(n):
         write_start = base if group else base + len(out)
-        out += encode_frame(start_seq + k, 1, 1000 + k, write_start, encode_items([b'{"k":%d}' % k]))
+        out += encode_frame(
+            first_seq=start_seq + k,
+            count=1,
+            recorded_at=1000 + k,
+            write_start=write_start,
+            encoded_items=encode_items([b'{"k":%d}' % k]),
+        )
     return out
 
 
@@ -85,8 +91,12 @@ def test_seq_gap_is_corrupt(tmp_path):
 
 
 def test_timestamp_regression_is_reported(tmp_path):
-    a = encode_frame(0, 1, 2000, 0, encode_items([b"{}"]))
-    b = encode_frame(1, 1, 1000, len(a), encode_items([b"{}"]))
+    a = encode_frame(
+        first_seq=0, count=1, recorded_at=2000, write_start=0, encoded_items=encode_items([b"{}"])
+    )
+    b = encode_frame(
+        first_seq=1, count=1, recorded_at=1000, write_start=len(a), encoded_items=encode_items([b"{}"])
+    )
     r = scan_bytes(tmp_path, a + b)
     assert r.state is ScanState.CLEAN and r.timestamp_regressions == [len(a)]
 

@@ -269,7 +269,7 @@ class ConversationLog:
         if self._next_seq == 0 or self._log_fd is None:
             return
         header = decode_header(self.ops.pread(self._log_fd, 64, 0))
-        self._created_at = header[3] if header else self._last_at
+        self._created_at = header.recorded_at if header else self._last_at
 
     def _read_frame(self, offset: int, size: int) -> Frame | NeedMore | Invalid:
         assert self._log_fd is not None
@@ -576,7 +576,13 @@ class ConversationLog:
                 )
                 req.done = True
                 continue
-            frame = encode_frame(seq, req.count, recorded_at, write_start, req.encoded)
+            frame = encode_frame(
+                first_seq=seq,
+                count=req.count,
+                recorded_at=recorded_at,
+                write_start=write_start,
+                encoded_items=req.encoded,
+            )
             frames.append(frame)
             accepted.append((req, offset, seq))
             offset += len(frame)

@@ -3,7 +3,7 @@
 One frame holds one append batch. Layout (little-endian; byte-by-byte spec in docs/FORMAT.md):
 
     off  size  field
-    0    4     magic        b"LSF" + format version byte (0x01)
+    0    4     magic        b"LSF" + format version byte (0x01); the decoder dispatches on the version
     4    4     crc          CRC32C (Castagnoli) of bytes [8, end of frame): length field included
     8    4     length       bytes after this field: 28 + sum(4 + item_len)
     12   8     first_seq    u64, seq of the first item
@@ -20,6 +20,10 @@ Strategy: ``decode_frame(buf, pos)`` classifies the bytes at ``pos`` as a comple
 more bytes" (the frame could still be completed by data that was never written: a torn tail candidate), or
 as invalid (with a reason). Deciding between torn tail and corruption needs the rest of the file, so it is
 the scanner's job, not the codec's. A zero-filled region is invalid (bad magic), never a frame.
+
+Versions: ``decode_frame`` reads the version byte and hands the bytes to that version's decoder
+(``_DECODERS``); ``b"LSF"`` with a version this build does not know is ``unsupported-version``, not
+``bad-magic``. A new format adds its decoder there (and ``encode_frame`` writes the newest).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ __all__ = [
     "PREFIX_SIZE",
     "MAX_FRAME_SIZE",
     "Frame",
+    "FrameHeader",
     "NeedMore",
     "Invalid",
     "encode_items",
@@ -48,7 +53,8 @@ __all__ = [
 ]
 
 FORMAT_VERSION = 1
-MAGIC = b"LSF" + bytes([FORMAT_VERSION])
+_FAMILY = b"LSF"  # the first three magic bytes, shared by every format version
+MAGIC = _FAMILY + bytes([FORMAT_VERSION])
 _HEADER = struct.Struct("<4sIIQIqQ")  # magic, crc, length, first_seq, count, recorded_at, write_start
 _BODY_FIXED = struct.Struct("<IQIqQ")  # the CRC'd fixed fields: length .. write_start
 _U32 = struct.Struct("<I")
@@ -82,6 +88,17 @@ class Frame:
 
 
 @dataclass(frozen=True, slots=True)
+class FrameHeader:
+    """A frame's header fields as stored, not CRC-checked (``decode_header``)."""
+
+    size: int
+    first_seq: int
+    count: int
+    recorded_at: int
+    write_start: int
+
+
+@dataclass(frozen=True, slots=True)
 class NeedMore:
     """The bytes at ``offset`` are a plausible frame prefix; ``needed`` bytes in total would complete it."""
 
@@ -94,7 +111,7 @@ class Invalid:
     """The bytes at ``offset`` can never become a valid frame."""
 
     offset: int
-    reason: str  # bad-magic | bad-length | crc-mismatch | bad-count | bad-item-length
+    reason: str  # bad-magic | unsupported-version | bad-length | crc-mismatch | bad-count | bad-item-length
 
 
 def encode_items(items_json: list[bytes]) -> bytes:
@@ -107,7 +124,7 @@ def encode_items(items_json: list[bytes]) -> bytes:
 
 
 def encode_frame(
-    first_seq: int, count: int, recorded_at: int, write_start: int, encoded_items: bytes
+    *, first_seq: int, count: int, recorded_at: int, write_start: int, encoded_items: bytes
 ) -> bytes:
     """A complete frame around an ``encode_items`` section."""
     length = _FIXED_AFTER_LENGTH + len(encoded_items)
@@ -116,16 +133,16 @@ def encode_frame(
     return b"".join((MAGIC, _U32.pack(crc), fixed, encoded_items))
 
 
-def decode_header(buf: bytes | memoryview, pos: int = 0) -> tuple[int, int, int, int] | None:
-    """(size, first_seq, count, recorded_at) from a header at ``pos`` without checking the CRC, or None
-    if the magic or length is implausible. For cheap probes (e.g. the created_at of a log); anything served
-    to a client comes from ``decode_frame``."""
+def decode_header(buf: bytes | memoryview, pos: int = 0) -> FrameHeader | None:
+    """The header at ``pos`` without checking the CRC, or None if the magic or length is implausible.
+    For cheap probes (e.g. the created_at of a log); anything served to a client comes from
+    ``decode_frame``."""
     if len(buf) - pos < HEADER_SIZE:
         return None
     magic, _crc, length, first_seq, count, recorded_at, _start = _HEADER.unpack_from(buf, pos)
     if magic != MAGIC or not _MIN_LENGTH <= length <= _MAX_LENGTH:
         return None
-    return PREFIX_SIZE + length, first_seq, count, recorded_at
+    return FrameHeader(PREFIX_SIZE + length, first_seq, count, recorded_at, _start)
 
 
 def decode_frame(
@@ -139,8 +156,17 @@ def decode_frame(
         if bytes(buf[pos : pos + available]) != MAGIC[:available]:
             return Invalid(offset, "bad-magic")
         return NeedMore(offset, PREFIX_SIZE)
-    if bytes(buf[pos : pos + 4]) != MAGIC:
+    if bytes(buf[pos : pos + 3]) != _FAMILY:
         return Invalid(offset, "bad-magic")
+    decoder = _DECODERS.get(buf[pos + 3])
+    if decoder is None:
+        return Invalid(offset, "unsupported-version")
+    return decoder(buf, pos, offset, available, keep_items)
+
+
+def _decode_v1(
+    buf: bytes | bytearray | memoryview, pos: int, offset: int, available: int, keep_items: bool
+) -> Frame | NeedMore | Invalid:
     if available < PREFIX_SIZE:
         return NeedMore(offset, PREFIX_SIZE)
     (length,) = _U32.unpack_from(buf, pos + 8)
@@ -171,6 +197,9 @@ def decode_frame(
     if cursor != end:
         return Invalid(offset, "bad-item-length")
     return Frame(offset, size, first_seq, count, recorded_at, write_start, tuple(items))
+
+
+_DECODERS = {1: _decode_v1}  # version byte -> decoder of the bytes after the magic
 
 
 class FrameDecoder:

@@ -329,10 +329,10 @@ def _check_manifest(
         if whole_site:
             view.rebuild(checked, current, unchecked)
             for finding in problems:
-                finding.fixed = finding.kind != "missing-log"  # the listing is right again; the data is not
-                finding.message += "; manifest rebuilt from the logs" if finding.fixed else ""
+                fixed = finding.kind != "missing-log"  # the listing is right again; the data is not
+                ctx.amend(finding, fixed=fixed, note="; manifest rebuilt from the logs" if fixed else "")
         else:
-            _fix_entries(view, stale, current)
+            _fix_entries(ctx, view, stale, current)
     except Timeout as exc:
         ctx.found("lock-timeout", view.directory, f"{exc}: manifest not repaired", site=site)
     except OSError as exc:
@@ -346,6 +346,7 @@ def _mismatch(stored: Entry | None, derived: Entry, corrupt: bool) -> str | None
 
 
 def _fix_entries(
+    ctx: CheckContext,
     view: ManifestView,
     stale: dict[str, tuple[Finding, Entry]],
     current: Callable[[str, Entry | None], Entry | None],
@@ -363,9 +364,9 @@ def _fix_entries(
     if lowered:
         view.rebuild(lowered, current, set(view.entries) - set(lowered))
     for cid, (finding, _) in stale.items():
-        finding.fixed = True
-        finding.message += (
+        note = (
             "; manifest rebuilt with the corrected entry"
             if cid in lowered
             else "; corrected record appended to the manifest journal"
         )
+        ctx.amend(finding, fixed=True, note=note)

@@ -8,12 +8,20 @@ entries are written only after their frame's fsync, so the bytes there were ackn
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..file.index_codec import ENTRY_SIZE, INDEX_HEADER_SIZE, decode_entry, header_ok
 from ..file.scanner import FrameMeta
 
 __all__ = ["common_entries", "index_evidence", "index_problem", "IndexProblem"]
 
-IndexProblem = tuple[str, int | None, tuple[int, int | None] | None, str]  # kind, offset, seqs, message
+
+@dataclass(frozen=True, slots=True)
+class IndexProblem:
+    kind: str  # index-missing | index-stale | index-wrong
+    offset: int | None  # byte offset in the index file
+    seqs: tuple[int, int | None] | None  # the seqs whose entries are affected
+    message: str
 
 
 def common_entries(body: bytes, expected: bytes) -> int:
@@ -49,29 +57,35 @@ def index_problem(
         return (frames[i].first_seq, frames[-1].first_seq + frames[-1].count - 1)
 
     if not index:
-        return ("index-missing", None, span(0), "no index for a log with frames") if n else None
+        return IndexProblem("index-missing", None, span(0), "no index for a log with frames") if n else None
     if not header_ok(index):
-        return ("index-wrong", 0, span(0) if n else None, "bad index header")
+        return IndexProblem("index-wrong", 0, span(0) if n else None, "bad index header")
     m, partial = divmod(len(body), ENTRY_SIZE)
     i = common_entries(body, expected)
     off = INDEX_HEADER_SIZE + i * ENTRY_SIZE
     if i < min(m, n):
         if all(decode_entry(body, j) is None for j in range(i, m)):
-            return ("index-stale", off, span(i), f"torn index tail from entry {i} (frame {i} not indexed)")
+            return IndexProblem(
+                "index-stale", off, span(i), f"torn index tail from entry {i} (frame {i} not indexed)"
+            )
         got = decode_entry(body, i)
         said = f"offset {got[0]}, seq {got[1]}" if got else "a bad check"
-        return (
+        return IndexProblem(
             "index-wrong",
             off,
             span(i),
             f"entry {i} says {said}; frame {i} is at offset {frames[i].offset}, seq {frames[i].first_seq}",
         )
     if m < n:
-        return ("index-stale", off, span(m), f"index lags the log: {n - m} frame(s) not indexed")
+        return IndexProblem("index-stale", off, span(m), f"index lags the log: {n - m} frame(s) not indexed")
     if m > n:
         if any(decode_entry(body, j) is not None for j in range(n, m)):
-            return ("index-wrong", off, None, f"index leads the log: {m - n} entry(ies) for frames it lacks")
-        return ("index-stale", off, None, f"torn index tail: {m - n} entry(ies) fail their check")
+            return IndexProblem(
+                "index-wrong", off, None, f"index leads the log: {m - n} entry(ies) for frames it lacks"
+            )
+        return IndexProblem("index-stale", off, None, f"torn index tail: {m - n} entry(ies) fail their check")
     if partial:
-        return ("index-stale", INDEX_HEADER_SIZE + m * ENTRY_SIZE, None, "torn index tail (partial entry)")
+        return IndexProblem(
+            "index-stale", INDEX_HEADER_SIZE + m * ENTRY_SIZE, None, "torn index tail (partial entry)"
+        )
     return None

@@ -259,13 +259,12 @@ def _check_locked(
             if ctx.repair:
                 ops.atomic_write(paths.index, INDEX_HEADER + expected)
             if found is not None and not rebuilt:
-                kind, offset, seqs, message = found
                 add(
-                    kind,
+                    found.kind,
                     paths.index,
-                    message + ("; rebuilt from the log" if ctx.repair else ""),
-                    offset=offset,
-                    seqs=seqs,
+                    found.message + ("; rebuilt from the log" if ctx.repair else ""),
+                    offset=found.offset,
+                    seqs=found.seqs,
                     fixed=ctx.repair,
                 )
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..file.fileio import FileOps
@@ -47,6 +47,7 @@ KINDS: dict[str, str] = {
     "torn-tail": ERROR,  # unacknowledged partial write after the last good frame (repair truncates)
     "crc-mismatch": ERROR,  # mid-file corruption: only --truncate-corrupt removes it
     "bad-magic": ERROR,
+    "unsupported-version": ERROR,  # a frame of a format version this build cannot read
     "bad-length": ERROR,
     "bad-count": ERROR,
     "bad-item-length": ERROR,
@@ -81,7 +82,7 @@ EXIT_OPERATIONAL = 8
 ProgressCallback = Callable[[int, int], None]  # (bytes done, bytes total)
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Finding:
     kind: str
     file: str  # relative to the data dir
@@ -189,6 +190,14 @@ class CheckContext:
     def add(self, finding: Finding) -> Finding:
         self.report.findings.append(finding)
         return finding
+
+    def amend(self, finding: Finding, *, fixed: bool, note: str) -> Finding:
+        """Replace a reported finding by one with ``fixed`` set and ``note`` added to its message (a
+        repair that ran after it was found)."""
+        amended = replace(finding, fixed=fixed, message=finding.message + note)
+        findings = self.report.findings
+        findings[next(i for i, f in enumerate(findings) if f is finding)] = amended
+        return amended
 
     def found(self, kind: str, path: str, message: str, **fields: Any) -> Finding:
         """Record a finding about ``path`` (absolute; reported relative to the data dir)."""

@@ -106,7 +106,7 @@ def dump_frames(
             end = nxt.offset if nxt is not None else size
             fields = decode_header(buf)
             if fields is not None:
-                yield DumpRecord(pos, end - pos, reason, fields[1], fields[2], fields[3])
+                yield DumpRecord(pos, end - pos, reason, fields.first_seq, fields.count, fields.recorded_at)
             else:
                 yield DumpRecord(pos, end - pos, reason)
             pos = end
