@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test serve bench bench-quick lint clean
+.PHONY: test test-fast typecheck serve bench bench-quick lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -12,10 +12,20 @@ $(STAMP): pyproject.toml
 	PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-## make test: lint, then the whole default test suite (torture long modes: LOGSTORE_LONG=1)
+## make test: lint, type check, then the whole default test suite (torture long modes: LOGSTORE_LONG=1)
 test: $(STAMP)
 	$(PY) -m ruff check logstore server tools bench tests
+	$(PY) -m mypy
 	$(PY) -m pytest -q
+
+## make test-fast: the inner loop - no torture, no server, no slow tests (~1/4 of the time)
+test-fast: $(STAMP)
+	$(PY) -m ruff check logstore server tools bench tests
+	$(PY) -m pytest -q -m "not torture and not server and not slow"
+
+## make typecheck: mypy (strict on logstore/core and server/; settings in pyproject.toml)
+typecheck: $(STAMP)
+	$(PY) -m mypy
 
 ## make serve: start the MCP server on ./data (creates a 'local' site on first run).
 ## make serve PORT=9000 DATA_DIR=/srv/logstore: other port / data dir (or LOGSTORE_PORT, LOGSTORE_DATA_DIR).

@@ -20,6 +20,7 @@ import binascii
 import hashlib
 import logging
 import time
+from collections.abc import Hashable
 from typing import Any
 
 import anyio
@@ -58,6 +59,9 @@ def site_of_scope(scope: Scope) -> str:
     return user.site
 
 
+_NEVER_LOADED = object()  # an identity no registry returns
+
+
 class Authenticator:
     def __init__(
         self,
@@ -70,7 +74,7 @@ class Authenticator:
         self._file = credentials
         self._reload_interval = reload_interval
         self._next_check = 0.0
-        self._identity: tuple[int, int, int] | None | bool = False  # False: never loaded
+        self._identity: Hashable | None = _NEVER_LOADED
         self._entries: dict[str, dict[str, Any]] = {}
         self._good: dict[bytes, SiteUser] = {}
         self._bad: set[bytes] = set()

@@ -1,10 +1,22 @@
-"""Shared fixtures."""
+"""Shared fixtures, and markers by module: ``torture`` (tests/test_torture_*), ``server`` (tests that
+start or drive the MCP server). ``make test-fast`` deselects both (and ``slow``)."""
 
 from __future__ import annotations
 
 import pytest
 
 from logstore import Store
+
+_SERVER_MODULES = ("test_server_", "test_bench_smoke")  # start servers or whole bench runs
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        name = item.path.name
+        if name.startswith("test_torture_"):
+            item.add_marker(pytest.mark.torture)
+        elif name.startswith(_SERVER_MODULES):
+            item.add_marker(pytest.mark.server)
 
 
 @pytest.fixture

@@ -8,19 +8,22 @@ from typing import Any
 
 from logstore.file.frame import Frame, FrameDecoder
 
-__all__ = ["LONG", "log_frames", "initialize_body", "INITIALIZE_HEADERS"]
+__all__ = ["LONG", "log_frames", "frames_in", "initialize_body"]
 
 # LOGSTORE_LONG=1 enables the long torture/soak modes (marker ``slow``).
 LONG = os.environ.get("LOGSTORE_LONG") == "1"
 
-INITIALIZE_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
 
-
-def log_frames(path: str | os.PathLike[str], *, keep_items: bool = True) -> list[Frame]:
+def log_frames(path: str | os.PathLike[str]) -> list[Frame]:
     """The good frames at the start of the log at ``path``, in order (stops at the first bad one)."""
-    decoder = FrameDecoder(keep_items=keep_items)
     with open(path, "rb") as f:
-        decoder.feed(f.read())
+        return frames_in(f.read())
+
+
+def frames_in(data: bytes) -> list[Frame]:
+    """The good frames at the start of ``data`` (a log's bytes), in order."""
+    decoder = FrameDecoder()
+    decoder.feed(data)
     out = []
     while isinstance(event := decoder.next_event(), Frame):
         out.append(event)

@@ -16,12 +16,13 @@ import pytest
 
 from logstore import Corrupted, InvalidArgument, Store
 from logstore.core.models import MemoryItem
-from logstore.file.frame import Frame, FrameDecoder, encode_frame, encode_items
+from logstore.file.frame import Frame, encode_frame, encode_items
 from logstore.file.index_codec import encode_entry
 from logstore.file.layout import conversation_paths
 from logstore.file.manifest_codec import decode_records, encode_record
 from logstore.fsck.check import check
 from tests.corruption import append_garbage, flip_byte, rewrite_frame, truncate, write_at, zero_range
+from tests.helpers import log_frames
 
 SITE = "local"
 C1, C2 = "conv-aaaa01", "conv-bbbb02"  # 5 and 3 batches of 3 items
@@ -39,13 +40,7 @@ class World:
         return os.path.relpath(path, self.data_dir)
 
     def frames(self, cid: str = C1) -> list[Frame]:
-        decoder = FrameDecoder()
-        with open(self.paths(cid).log, "rb") as f:
-            decoder.feed(f.read())
-        out = []
-        while isinstance(event := decoder.next_event(), Frame):
-            out.append(event)
-        return out
+        return log_frames(self.paths(cid).log)
 
     def read(self, path: str) -> bytes:
         with open(path, "rb") as f:

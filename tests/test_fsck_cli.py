@@ -15,11 +15,12 @@ import pytest
 from logstore import Store
 from logstore.core.models import rfc3339
 from logstore.file.fileio import OS_FILE_OPS
-from logstore.file.frame import Frame, FrameDecoder
+from logstore.file.frame import Frame
 from logstore.file.layout import conversation_paths
 from logstore.fsck.check import check
 from logstore.fsck.logdump import export_items
 from tests.corruption import append_garbage, flip_byte, truncate
+from tests.helpers import log_frames
 from tools.cli import main
 from tools.fsck import ProgressBar
 
@@ -42,13 +43,7 @@ def paths(data_dir: str):
 
 
 def frames(data_dir: str) -> list[Frame]:
-    decoder = FrameDecoder()
-    with open(paths(data_dir).log, "rb") as f:
-        decoder.feed(f.read())
-    out = []
-    while isinstance(event := decoder.next_event(), Frame):
-        out.append(event)
-    return out
+    return log_frames(paths(data_dir).log)
 
 
 # ---------------------------------------------------------------------- fsck

@@ -8,22 +8,13 @@ import os
 import pytest
 
 from logstore import Corrupted, Store
-from logstore.file.frame import Frame, FrameDecoder, encode_frame, encode_items
+from logstore.file.frame import encode_frame, encode_items
 from logstore.file.index_codec import ENTRY_SIZE, INDEX_HEADER_SIZE
 from logstore.file.layout import conversation_paths
 from tests.corruption import append_garbage, flip_byte, truncate, write_at, zero_range
+from tests.helpers import log_frames
 
 SITE, CID = "site-a", "conv-0001"
-
-
-def frames_of(path: str) -> list[Frame]:
-    decoder = FrameDecoder()
-    with open(path, "rb") as f:
-        decoder.feed(f.read())
-    out = []
-    while isinstance(event := decoder.next_event(), Frame):
-        out.append(event)
-    return out
 
 
 def build(data_dir, batches: int = 5) -> tuple[str, str, list]:
@@ -53,8 +44,8 @@ def test_torn_tail_incomplete_frame_is_truncated(data_dir, cut):
     )[:cut]
     append_garbage(log, partial)
     reopen_and_check(data_dir, items)
-    assert frames_of(log)[-1].first_seq == 15  # the new append replaced the torn bytes
-    assert os.path.getsize(log) == size + len(frames_of(log)[-1].items[0]) + 4 + 40
+    assert log_frames(log)[-1].first_seq == 15  # the new append replaced the torn bytes
+    assert os.path.getsize(log) == size + len(log_frames(log)[-1].items[0]) + 4 + 40
 
 
 def test_zero_filled_tail_is_truncated(data_dir):
@@ -86,7 +77,7 @@ def test_torn_group_write_hole_then_frames_of_same_write_is_truncated(data_dir):
 
 def test_mid_file_flip_is_corruption_with_offset_and_nothing_truncated(data_dir):
     log, _, items = build(data_dir)
-    frames = frames_of(log)
+    frames = log_frames(log)
     victim = frames[2]
     size = os.path.getsize(log)
     flip_byte(log, victim.offset + 45)
@@ -118,7 +109,7 @@ def test_mid_file_flip_is_corruption_with_offset_and_nothing_truncated(data_dir)
 def test_flip_in_last_acknowledged_frame_is_corruption_not_torn_tail(data_dir):
     """The index proves the last frame was acknowledged (entries are written after its fsync)."""
     log, _, items = build(data_dir)
-    last = frames_of(log)[-1]
+    last = log_frames(log)[-1]
     flip_byte(log, last.offset + 50)
     size = os.path.getsize(log)
     with Store(data_dir) as s, pytest.raises(Corrupted) as info:
@@ -129,7 +120,7 @@ def test_flip_in_last_acknowledged_frame_is_corruption_not_torn_tail(data_dir):
 
 def test_missing_acknowledged_tail_is_reported(data_dir):
     log, _, items = build(data_dir)
-    truncate(log, frames_of(log)[-1].offset)  # an indexed (acknowledged) frame vanished
+    truncate(log, log_frames(log)[-1].offset)  # an indexed (acknowledged) frame vanished
     with Store(data_dir) as s, pytest.raises(Corrupted):
         s.recall(SITE, CID)
 
@@ -168,14 +159,14 @@ def test_damaged_or_stale_index_is_rebuilt_from_the_log(data_dir, damage):
     reopen_and_check(data_dir, items)
     with Store(data_dir) as s:  # and the index was rewritten consistently by the append
         assert len(s.replay(SITE, CID, 0, 1000)) == len(items) + 1
-    assert os.path.getsize(idx) == INDEX_HEADER_SIZE + ENTRY_SIZE * (len(frames_of(log)))
+    assert os.path.getsize(idx) == INDEX_HEADER_SIZE + ENTRY_SIZE * (len(log_frames(log)))
 
 
 def test_index_entry_pointing_mid_frame_is_never_served(data_dir):
     log, idx, items = build(data_dir, batches=6)
     from logstore.file.index_codec import encode_entry
 
-    frames = frames_of(log)
+    frames = log_frames(log)
     # A *checked* but wrong entry (as if written by a buggy writer): it must be caught against the log.
     write_at(idx, INDEX_HEADER_SIZE + 2 * ENTRY_SIZE, encode_entry(frames[2].offset + 7, frames[2].first_seq))
     with Store(data_dir) as s:
@@ -197,4 +188,4 @@ def test_index_replaced_by_rename_while_open_is_followed(data_dir):
         os.replace(tmp, idx)
         s.append(SITE, CID, [{"n": 4}])
     log = conversation_paths(str(data_dir), SITE, CID).log
-    assert os.path.getsize(idx) == INDEX_HEADER_SIZE + ENTRY_SIZE * len(frames_of(log)) == 16 + 5 * 16
+    assert os.path.getsize(idx) == INDEX_HEADER_SIZE + ENTRY_SIZE * len(log_frames(log)) == 16 + 5 * 16

@@ -14,6 +14,7 @@ from mcp.shared.exceptions import MCPError
 import server.auth as auth_module
 from logstore.file.credentials import CredentialsFile
 from server.auth import Authenticator
+from tests.helpers import initialize_body
 from tests.server_support import MODES, call, connect, error_of, rpc_headers, serve
 
 pytestmark = pytest.mark.anyio
@@ -35,16 +36,7 @@ def basic(site: str, password: str) -> str:
     return "Basic " + base64.b64encode(f"{site}:{password}".encode()).decode()
 
 
-INIT = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-11-25",
-        "capabilities": {},
-        "clientInfo": {"name": "raw", "version": "0"},
-    },
-}
+INIT = initialize_body(client="raw")
 
 
 def recall_body(conversation_id: str, request_id: int = 2) -> dict:

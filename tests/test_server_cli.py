@@ -18,6 +18,7 @@ from mcp.client.streamable_http import streamable_http_client
 from logstore import Store
 from logstore.core.registry import verify_password
 from logstore.file.credentials import CredentialsFile
+from tests.helpers import initialize_body
 from tests.server_support import MODES, REPO, call, connect, free_port, logstore_cmd, serve, wait_healthy
 from tools.serve import SNIPPET_BEGIN, SNIPPET_END
 
@@ -83,16 +84,7 @@ def test_first_serve_creates_local_and_prints_working_config_once(tmp_path):
                 "Authorization": header.split(": ", 1)[1],
                 "Accept": "application/json, text/event-stream",
             },
-            json={
-                "jsonrpc": "2.0",
-                "id": 1,
-                "method": "initialize",
-                "params": {
-                    "protocolVersion": "2025-11-25",
-                    "capabilities": {},
-                    "clientInfo": {"name": "t", "version": "0"},
-                },
-            },
+            json=initialize_body(),
         )
         assert r.status_code == 200
         # And so does the printed Python snippet, run exactly as printed (marker lines included: they

@@ -18,6 +18,7 @@ from logstore.core import errors
 from logstore.file.credentials import CredentialsFile
 from server.spec_tools import tools_by_name
 from server.validation import ArgumentValidator
+from tests.helpers import initialize_body
 from tests.server_support import MODES, call, connect, error_of, serve
 
 pytestmark = pytest.mark.anyio
@@ -316,17 +317,7 @@ async def test_raw_wire_legacy_session_reports_tool_error_shape(server):
     headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
     auth = httpx2.BasicAuth("alpha", server.passwords["alpha"])
     async with httpx2.AsyncClient(auth=auth, headers=headers) as http:
-        init = {
-            "jsonrpc": "2.0",
-            "id": 1,
-            "method": "initialize",
-            "params": {
-                "protocolVersion": "2025-11-25",
-                "capabilities": {},
-                "clientInfo": {"name": "t", "version": "0"},
-            },
-        }
-        r = await http.post(server.url, json=init)
+        r = await http.post(server.url, json=initialize_body())
         assert r.status_code == 200
         sid = r.headers["mcp-session-id"]
         h = {"mcp-session-id": sid, "mcp-protocol-version": "2025-11-25"}

@@ -33,13 +33,13 @@ import pytest
 
 from logstore import Corrupted, LogstoreError, Store
 from logstore.file.fileio import FileOps
-from logstore.file.frame import Frame, FrameDecoder
+from logstore.file.frame import Frame
 from logstore.file.index_codec import ENTRY_SIZE, INDEX_HEADER_SIZE, decode_entry
 from logstore.file.layout import conversation_paths
 from tests.faultfs import NO_SYNC_OPS, scratch_dir
+from tests.helpers import LONG, frames_in
 from tests.torture_workload import FIGURES, TortureFailure, register_summary
 
-LONG = os.environ.get("LOGSTORE_LONG") == "1"
 MASKS = tuple(1 << b for b in range(8)) + (0xFF,) if LONG else (0x01, 0x80, 0xFF)
 ROUNDS = 6 if LONG else 2  # rounds of the sample workload (each adds 7 frames, 3 of them a group commit)
 BURST = 24  # besides single bytes: a zero-filled burst starting at every 5th offset (a bad sector's worth)
@@ -57,15 +57,6 @@ class _SlowSync(FileOps):
 
     def fdatasync(self, fd: int) -> None:
         time.sleep(0.03)
-
-
-def _frames(data: bytes) -> list[Frame]:
-    decoder = FrameDecoder()
-    decoder.feed(data)
-    out = []
-    while isinstance(event := decoder.next_event(), Frame):
-        out.append(event)
-    return out
 
 
 def _build_sample(root: str, rounds: int) -> list[dict]:
@@ -205,7 +196,7 @@ def _check_index_flip(data_dir: str, paths, pos: int, payloads: list[dict], rng:
         ]:
             raise TortureFailure(f"index flip at {pos}: wrong data after reopen")
     with open(paths.log, "rb") as f:
-        frames = _frames(f.read())
+        frames = frames_in(f.read())
     with open(paths.index, "rb") as f:
         index = f.read()
     entries = [
@@ -229,7 +220,7 @@ def test_every_byte_of_a_log_and_its_index():
     paths = conversation_paths(data_dir, SITE, CID)
     pristine = _snapshot(root)
     log, index = pristine[paths.log], pristine[paths.index]
-    frames = _frames(log)
+    frames = frames_in(log)
     assert sum(f.count for f in frames) == len(payloads) and frames[-1].end == len(log)
     assert any(f.write_start != f.offset for f in frames), "the sample should hold a group commit"
     assert len(index) == INDEX_HEADER_SIZE + ENTRY_SIZE * len(frames), "the index should be complete"

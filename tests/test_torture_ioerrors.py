@@ -32,6 +32,7 @@ import pytest
 from logstore import Io, LogstoreError, Store
 from logstore.file.layout import conversation_paths
 from tests.faultfs import NO_SYNC_OPS, WRITE_LIKE, FaultFS, materialize, one_shot, scratch_dir, sticky
+from tests.helpers import LONG
 from tests.torture_workload import (
     FIGURES,
     Oracle,
@@ -42,7 +43,6 @@ from tests.torture_workload import (
     verify_store,
 )
 
-LONG = os.environ.get("LOGSTORE_LONG") == "1"
 POWER_LOSS_IMAGES = 6 if LONG else 2  # crash images after each faulty run: all unsynced lost, then random
 MODES = ["one-shot", "sticky", "enospc"] + (["enospc-sticky"] if LONG else [])
 

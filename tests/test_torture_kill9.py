@@ -7,8 +7,10 @@ see a steady stream of torn group commits and recoveries by other processes. Eac
 acknowledgment only after ``append`` returned (tests/torture_workload.py: ``writer_main``); the parent's
 oracle is the set of reports of dead writers. Every few dozen kills (with the survivors frozen by
 SIGSTOP mid-whatever), and at the end, the parent checks the store: every acknowledged batch at its seq
-range, byte-identical, whole batches only, no batch twice, gapless seqs; at the end also the listing,
-and that appends work.
+range, byte-identical, whole batches only, no batch twice, gapless seqs, and the listing (every
+conversation on disk with items, created_at / last_appended_at equal to its log's); at the end also that
+appends work. (This absorbed the former tests/test_crash_kill.py: one writer killed at random moments
+with the listing checked after each kill.)
 
 Writers are forked from a preloaded fork server so that a kill/restart costs milliseconds, not an
 interpreter start. Default: 200 kills; LOGSTORE_LONG=1: 3000 (LOGSTORE_KILLS overrides both).
@@ -30,6 +32,7 @@ import pytest
 
 from logstore import Store
 from logstore.file.fileio import FileOps
+from tests.helpers import LONG
 from tests.torture_workload import (
     FIGURES,
     Oracle,
@@ -40,7 +43,6 @@ from tests.torture_workload import (
     writer_main,
 )
 
-LONG = os.environ.get("LOGSTORE_LONG") == "1"
 KILLS = int(os.environ.get("LOGSTORE_KILLS", "3000" if LONG else "200"))
 EVICTION_KILLS = int(os.environ.get("LOGSTORE_EVICTION_KILLS", "1500" if LONG else "100"))
 WRITERS = 3  # processes alive at any moment
@@ -158,10 +160,9 @@ def ingest(oracle: Oracle, path: str) -> int:
 def check(data: str, oracle: Oracle, gen: int, *, final: bool, shared: int = 4) -> int:
     acked = oracle.snapshot()
     convs = {(b.site, b.cid) for b in acked} | set(shared_conversations(gen, shared))
-    if final:
-        convs |= _conversations_on_disk(data)
+    convs |= _conversations_on_disk(data)
     with Store(data, lock_timeout=30.0) as store:
-        res = verify_store(store, acked, conversations=convs, listing=final, scale_of=_scale)
+        res = verify_store(store, acked, conversations=convs, listing=True, scale_of=_scale)
         if final:  # appends work again, at the next seq
             for site, cid in shared_conversations(gen, shared):
                 r = store.append(site, cid, [{"after": "kill -9"}])

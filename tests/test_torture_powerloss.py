@@ -29,6 +29,7 @@ import pytest
 
 from logstore import Store
 from tests.faultfs import NO_SYNC_OPS, FaultFS, Image, materialize, scratch_dir
+from tests.helpers import LONG
 from tests.torture_workload import (
     FIGURES,
     Batch,
@@ -40,7 +41,6 @@ from tests.torture_workload import (
     verify_store,
 )
 
-LONG = os.environ.get("LOGSTORE_LONG") == "1"
 RANDOM_IMAGES = 6 if LONG else 2  # per crash point, besides "all unsynced lost" and "all kept"
 NESTED_EVERY = 4 if LONG else 15  # every n-th crash point also crashes again during recovery
 # Each seed is another workload (other conversations, sizes, interleavings) and other images.

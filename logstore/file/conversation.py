@@ -701,7 +701,7 @@ class ConversationLog:
         hi = bisect_right(range(n), stop - 1, key=lambda i: entry_first_seq(entries, i)) - 1
         if lo < 0 or hi < lo:
             raise _IndexMismatch
-        bounds = []
+        bounds: list[tuple[int, int]] = []
         for i in range(lo, min(hi + 2, n)):
             entry = decode_entry(entries, i)
             if entry is None or (bounds and entry[0] <= bounds[-1][0]):

@@ -29,6 +29,7 @@ Versions: ``decode_frame`` reads the version byte and hands the bytes to that ve
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from crc32c import crc32c
@@ -114,7 +115,7 @@ class Invalid:
     reason: str  # bad-magic | unsupported-version | bad-length | crc-mismatch | bad-count | bad-item-length
 
 
-def encode_items(items_json: list[bytes]) -> bytes:
+def encode_items(items_json: Sequence[bytes]) -> bytes:
     """The item section of a frame: each item as u32 length + its bytes. Done before seqs are known."""
     parts = []
     for raw in items_json:

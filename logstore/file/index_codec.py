@@ -40,7 +40,7 @@ _FIRST_SEQ = struct.Struct("<I")
 ENTRY_SIZE = 16
 
 
-def header_ok(buf: bytes | memoryview) -> bool:
+def header_ok(buf: bytes | bytearray | memoryview) -> bool:
     return bytes(buf[:INDEX_HEADER_SIZE]) == INDEX_HEADER
 
 
@@ -72,4 +72,5 @@ def decode_entry(entries: bytes | bytearray | memoryview, i: int) -> tuple[int, 
 
 def entry_first_seq(entries: bytes | bytearray | memoryview, i: int) -> int:
     """Unchecked first_seq of entry ``i``: the bisect key. Callers verify the entry they land on."""
-    return _FIRST_SEQ.unpack_from(entries, i * ENTRY_SIZE + 8)[0]
+    first_seq: int = _FIRST_SEQ.unpack_from(entries, i * ENTRY_SIZE + 8)[0]
+    return first_seq

@@ -124,7 +124,7 @@ def _next_record(buf: bytes, pos: int) -> int | None:
 
 def _definitely_bad(buf: bytes, pos: int) -> bool:
     """True if the bytes at ``pos`` can never become a valid record (not merely an incomplete one)."""
-    length, crc = _FRAME.unpack_from(buf, pos)
+    length: int = _FRAME.unpack_from(buf, pos)[0]
     if not _MIN_BODY <= length <= _MAX_BODY:
         return True
     end = pos + _FRAME.size + length

@@ -189,7 +189,7 @@ class Store:
 
     def _pick_evictions(self) -> list[ConversationLog]:
         """Idle least-recently-used handles beyond the bound. Caller holds ``_guard``."""
-        victims = []
+        victims: list[ConversationLog] = []
         excess = len(self._handles) - self.max_open_conversations
         if excess <= 0:
             return victims

@@ -252,9 +252,10 @@ def _leaves(ctx: CheckContext, site: str) -> Iterator[tuple[str, tuple[str, str]
 # ---------------------------------------------------------------------- per site
 def _check_site(ctx: CheckContext, site: str, plan: dict[str, int], *, whole_site: bool) -> None:
     mdir = layout.manifest_dir(ctx.data_dir, site)
-    view: ManifestView | None = ManifestView(ctx, site)
+    loaded = ManifestView(ctx, site)
+    view: ManifestView | None = loaded
     try:
-        view.load()
+        loaded.load()
     except OSError as exc:  # still check the logs; there is just nothing to compare them with
         ctx.found("io-error", mdir, f"cannot read the manifest: {exc.strerror or exc}", site=site)
         view = None

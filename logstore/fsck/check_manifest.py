@@ -94,9 +94,9 @@ class ManifestView:
         for kind, gen in superseded:
             self._stray("orphan-file", self._path(kind, gen), f"superseded manifest {kind} (ignored)")
         for name in found.others:
-            kind = None if name == layout.COMPACT_LOCK else stray_kind(name)
-            if kind is not None:
-                self._stray(kind, os.path.join(self.directory, name), "not a manifest file (ignored)")
+            stray = None if name == layout.COMPACT_LOCK else stray_kind(name)
+            if stray is not None:
+                self._stray(stray, os.path.join(self.directory, name), "not a manifest file (ignored)")
 
     def _stray(self, kind: str, path: str, message: str) -> None:
         self.strays.append((kind, path, message))
@@ -156,7 +156,9 @@ class ManifestView:
         """Append records to the newest journal (and to a newer one a compactor may start meanwhile)."""
         ops = self.ctx.ops
         ops.makedirs_durable(self.directory)
-        chunks, chunk, used = [], [], 0
+        chunks: list[bytes] = []
+        chunk: list[bytes] = []
+        used = 0
         for cid, entry in records.items():  # whole records per write: a record is never split
             record = encode_record(cid, entry)
             if used + len(record) > _APPEND_CHUNK and chunk:

@@ -142,7 +142,7 @@ def export_items(
         def emit(frame: Frame) -> None:
             nonlocal written
             at = rfc3339(micros_to_datetime(frame.recorded_at)).encode()
-            lines = []
+            lines: list[bytes] = []
             for k, raw in enumerate(frame.items):
                 if not raw.startswith(b"{") or not _is_json(raw):
                     out.write(b"".join(lines))
