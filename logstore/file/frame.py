@@ -157,9 +157,12 @@ def decode_frame(
         if bytes(buf[pos : pos + available]) != MAGIC[:available]:
             return Invalid(offset, "bad-magic")
         return NeedMore(offset, PREFIX_SIZE)
-    if bytes(buf[pos : pos + 3]) != _FAMILY:
+    magic = bytes(buf[pos : pos + 4])
+    if magic == MAGIC:  # the current version: no table lookup on the hot path
+        return _decode_v1(buf, pos, offset, available, keep_items)
+    if magic[:3] != _FAMILY:
         return Invalid(offset, "bad-magic")
-    decoder = _DECODERS.get(buf[pos + 3])
+    decoder = _DECODERS.get(magic[3])
     if decoder is None:
         return Invalid(offset, "unsupported-version")
     return decoder(buf, pos, offset, available, keep_items)
