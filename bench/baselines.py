@@ -1,7 +1,7 @@
 """Same-run baselines: the raw ``write + fdatasync`` ceiling and SQLite (WAL, ``synchronous=FULL``).
 
 - Raw ceiling: each thread owns one file and loops ``os.write(frame) ; os.fdatasync``, where ``frame`` is
-  byte for byte what the engine would write for the batch (``logstore.frame.encode_frame``). Nothing else:
+  byte for byte what the engine would write for the batch (``file.frame.encode_frame``). Nothing else:
   no locks, no encoding, no index. One thread = the single-writer ceiling; N threads on N files = the
   ceiling for N independent conversations.
 - SQLite: stdlib ``sqlite3``, ``journal_mode=WAL``, ``synchronous=FULL``, one ``BEGIN IMMEDIATE ...

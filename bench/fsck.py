@@ -2,7 +2,7 @@
 
 Two data dirs written through ``Store.append``: ``fsck_mb`` MB in batches of 10 items of 64 KiB (large
 frames: per-byte costs) and a quarter of that in batches of 10 items of 200 B (2 KB frames: per-frame
-costs). Each run verifies a whole data dir with ``logstore.check.check(data_dir, repair=False)`` in this
+costs). Each run verifies a whole data dir with ``logstore.fsck.check.check(data_dir, repair=False)`` in this
 process, page cache warm (the figure is the verifier's CPU cost, not the disk's read speed), after a first
 run that must find the data clean and cover every log byte. When ``logstore.fsck.check`` is absent the row
 says so.
@@ -43,7 +43,7 @@ def find_verifier() -> tuple[Callable[[str], Any] | None, str]:
             continue
         params = inspect.signature(fn).parameters
         kwargs = {"repair": False} if "repair" in params else {}
-        return (lambda data_dir, fn=fn, kwargs=kwargs: fn(data_dir, **kwargs)), f"logstore.check.{name}"
+        return (lambda data_dir, fn=fn, kwargs=kwargs: fn(data_dir, **kwargs)), f"logstore.fsck.check.{name}"
     return None, f"not available: logstore.fsck.check has none of {', '.join(_CANDIDATES)}"
 
 

@@ -73,9 +73,9 @@ class _Session:
 
 
 class SitedSessionManager(StreamableHTTPSessionManager):
-    def __init__(self, *args: Any, limits: HttpLimits, **kwargs: Any) -> None:
+    def __init__(self, app: Any, *, limits: HttpLimits, **kwargs: Any) -> None:
         # The SDK's own cap is turned off: admission is decided here, per site.
-        super().__init__(*args, max_sessions=None, session_idle_timeout=limits.session_idle_timeout, **kwargs)
+        super().__init__(app, max_sessions=None, session_idle_timeout=limits.session_idle_timeout, **kwargs)
         self.limits = limits
         self._book: dict[str, _Session] = {}
         self._last_trim = 0.0

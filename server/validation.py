@@ -6,7 +6,7 @@ are the ones a client sees whatever layer notices first:
 
 - an empty ``items`` array on ``append_memory`` is ``EmptyBatch`` (the schema's ``minItems: 1``);
 - a ``conversation_id`` that is not a string is ``InvalidConversationId`` (reason decided by the engine's
-  own validator, ``logstore.ids.validate_conversation_id``).
+  own validator, ``logstore.core.ids.validate_conversation_id``).
 
 Messages name the argument and the rule, never echo the offending value (it may be megabytes).
 
