@@ -42,14 +42,15 @@ def is_valid_site(value: object) -> bool:
 def validate_conversation_id(value: object) -> str:
     """Return ``value`` if it is a valid conversation id, else raise InvalidConversationId."""
     reason = _reason(value)
-    if reason is None:
-        return value  # type: ignore[return-value]
-    if reason == "TooShort":
-        msg = f"conversation_id must be at least {ID_MIN_LEN} characters, got {len(value)}"  # type: ignore[arg-type]
-    elif reason == "TooLong":
-        msg = f"conversation_id must be at most {ID_MAX_LEN} characters, got {len(value)}"  # type: ignore[arg-type]
-    elif not isinstance(value, str):
+    if reason is None and isinstance(value, str):
+        return value
+    reason = reason or "InvalidCharacters"  # for the type checker: a non-str always has a reason
+    if not isinstance(value, str):
         msg = f"conversation_id must be a string, got {type(value).__name__}"
+    elif reason == "TooShort":
+        msg = f"conversation_id must be at least {ID_MIN_LEN} characters, got {len(value)}"
+    elif reason == "TooLong":
+        msg = f"conversation_id must be at most {ID_MAX_LEN} characters, got {len(value)}"
     else:
         msg = "conversation_id may only contain the characters [A-Za-z0-9_-]"
     raise InvalidConversationId(reason, msg)
@@ -58,8 +59,8 @@ def validate_conversation_id(value: object) -> str:
 def validate_site(value: object) -> str:
     """Sites are named like conversation ids; a bad one is an argument error, not a conversation one."""
     reason = _reason(value, SITE_MIN_LEN)
-    if reason is None:
-        return value  # type: ignore[return-value]
+    if reason is None and isinstance(value, str):
+        return value
     raise InvalidArgument(
         f"site name must be {SITE_MIN_LEN}-{ID_MAX_LEN} characters from [A-Za-z0-9_-] ({reason})",
         field="site",
