@@ -11,10 +11,10 @@ import threading
 import time
 
 from logstore import Store
-from logstore.backup import backup
-from logstore.erasure import erase_conversation
+from logstore.file.erasure import erase_conversation
 from logstore.file.fileio import OS_FILE_OPS
-from logstore.file.store import conversation_paths
+from logstore.file.layout import conversation_paths
+from logstore.fsck.backup import backup
 from logstore.fsck.check import check
 from logstore.fsck.logdump import export_items
 from tests.faultfs import NO_SYNC_OPS, materialize, scratch_dir

@@ -1,4 +1,4 @@
-"""Erasure (``logstore.erasure``; ``logstore conversation delete``, ``logstore site remove --purge``):
+"""Erasure (``logstore.file.erasure``; ``logstore conversation delete``, ``logstore site remove --purge``):
 the listing is updated, a handle another process holds open never acknowledges into the unlinked file,
 and a power loss at every crash point of an erasure leaves the whole conversation or none of it."""
 
@@ -14,8 +14,8 @@ import textwrap
 import pytest
 
 from logstore import Store
-from logstore.erasure import erase_conversation, purge_site
 from logstore.file.credentials import CredentialsFile
+from logstore.file.erasure import erase_conversation, purge_site
 from logstore.file.manifest_codec import ERASED
 from logstore.fsck.check import check
 from tests.faultfs import NO_SYNC_OPS, FaultFS, materialize, scratch_dir
@@ -199,7 +199,7 @@ def test_single_conversation_truncate_corrupt_leaves_a_consistent_store(tmp_path
         for i in range(3):
             store.append(SITE, X, [{"b": i, "pad": "q" * 200}])
         store.append(SITE, Y, [{"c": 1}])
-    from logstore.file.store import conversation_paths
+    from logstore.file.layout import conversation_paths
 
     log = conversation_paths(os.path.abspath(d), SITE, X).log
     with open(log, "r+b") as f:  # rot a byte inside the second frame (acknowledged: corruption)

@@ -1,4 +1,4 @@
-"""``logstore backup DEST`` and ``logstore restore BACKUP``: online, incremental copies (logstore.backup).
+"""``logstore backup DEST`` and ``logstore restore BACKUP``: online incremental copies (logstore.fsck.backup).
 
 Exit codes: 0 done, 1 failed (an operational error; the destination is completed by the next run),
 2 bad argument, 4 done except for corrupt source logs it names (run ``logstore fsck`` on the source).
@@ -54,8 +54,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 
 def _run(command: str, args: argparse.Namespace, source: str, dest: str) -> int:
-    from logstore.backup import backup
     from logstore.core.errors import InvalidArgument
+    from logstore.fsck.backup import backup
 
     from .fsck import ProgressBar
 
@@ -86,9 +86,10 @@ def cmd_backup(args: argparse.Namespace) -> int:
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
-    from logstore.backup import has_conversations
+    from logstore.file.layout import sites_dir
+    from logstore.fsck.backup import has_conversations
 
-    if not os.path.isdir(os.path.join(args.backup_dir, "sites")):
+    if not os.path.isdir(sites_dir(args.backup_dir)):
         print(f"logstore restore: {args.backup_dir} is not a backup (no sites/ directory)", file=sys.stderr)
         return 2
     if has_conversations(args.data_dir):

@@ -1,4 +1,4 @@
-"""``logstore conversation delete``: erase one conversation (right-to-erasure requests; logstore.erasure).
+"""``logstore conversation delete``: erase one conversation (right to erasure; logstore.file.erasure).
 
 Exit codes: 0 erased, 1 no such conversation (nothing was on disk) or the lock stayed busy, 2 bad argument.
 """
@@ -42,7 +42,7 @@ def cmd_delete(args: argparse.Namespace) -> int:
     import os
 
     from logstore.core.errors import InvalidArgument, InvalidConversationId, Timeout
-    from logstore.erasure import erase_conversation
+    from logstore.file.erasure import erase_conversation
 
     if not os.path.isdir(args.data_dir):
         print(f"logstore conversation delete: no data dir at {args.data_dir}", file=sys.stderr)

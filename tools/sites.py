@@ -2,7 +2,7 @@
 
 ``site add`` prints the password alone on the last line of stdout, so scripts can take ``| tail -n1``.
 Removing a site revokes its credentials only; its stored conversations stay on disk (and become reachable
-again if a site of the same name is added later) unless ``--purge`` erases them too (logstore.erasure).
+again if a site of the same name is added later) unless ``--purge`` erases them too (logstore.file.erasure).
 
 Exit codes: 0 done, 1 failed (site exists / unknown, data dir missing or unusable), 2 bad argument.
 """
@@ -138,8 +138,8 @@ def cmd_remove(args: argparse.Namespace) -> int:
     import time
 
     from logstore.core.registry import UnknownSite
-    from logstore.erasure import purge_site
     from logstore.file.credentials import CredentialsFile
+    from logstore.file.erasure import purge_site
 
     try:
         CredentialsFile(args.data_dir).remove(args.name)

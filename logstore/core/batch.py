@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -91,10 +91,14 @@ def _walk(node: dict[Any, Any] | list[Any] | tuple[Any, ...], depth: int, string
     costs nothing here."""
     if depth > MAX_PAYLOAD_DEPTH:
         _fail(_TOO_DEEP)
-    is_dict = isinstance(node, dict)
-    if not is_dict and len(node) >= 16 and type(node[0]) in _NUMBERS and _numbers_ok(node):
+    pairs: Iterable[tuple[Any, Any]]
+    if isinstance(node, dict):
+        is_dict, pairs = True, node.items()
+    elif len(node) >= 16 and type(node[0]) in _NUMBERS and _numbers_ok(node):
         return
-    for where, value in node.items() if is_dict else enumerate(node):
+    else:
+        is_dict, pairs = False, enumerate(node)
+    for where, value in pairs:
         try:
             if is_dict and (type(where) is not str or (strings and not where.isascii())):
                 _check_key(where, strings)

@@ -307,7 +307,7 @@ class ConversationLog:
             try:
                 size = self.ops.size(self._log_fd)
                 tail_moved = size < self._end or not self._tail_matches()
-                # Erased (logstore.erasure) or replaced: never append to a file the path no longer names.
+                # Erased (logstore.file.erasure) or replaced: never append to a file the path no longer names.
                 tail_moved = tail_moved or not self.ops.same_file(self._log_fd, self.paths.log)
             except OSError as exc:
                 raise self._io_error("stat", exc) from exc

@@ -28,11 +28,12 @@ import errno
 import os
 from dataclasses import dataclass
 
+from ..core.ids import is_valid_id, validate_conversation_id, validate_site
+from . import layout
 from .fileio import OS_FILE_OPS, FileOps
-from .ids import is_valid_id, validate_conversation_id, validate_site
+from .layout import conversation_paths
 from .locking import held
 from .manifest import SiteManifest
-from .store import conversation_paths
 
 __all__ = ["ErasureResult", "erase_conversation", "purge_site", "site_conversations"]
 
@@ -83,22 +84,20 @@ def erase_conversation(
 
 def _manifest(ops: FileOps, root: str, site: str) -> SiteManifest:
     # Never loaded: record_erased appends to the newest journal without reading the site's state.
-    return SiteManifest(
-        ops, os.path.join(root, "sites", site), site=site, cursor_key=b"", open_conversation=lambda cid: None
-    )
+    return SiteManifest(ops, root, site=site, cursor_key=b"", open_conversation=lambda cid: None)
 
 
 def site_conversations(
     data_dir: str | os.PathLike[str], site: str, *, file_ops: FileOps = OS_FILE_OPS
 ) -> list[str]:
     """Every conversation id that has any file (log, index, saved bytes) under the site, sorted."""
-    root = os.path.join(os.path.abspath(os.fspath(data_dir)), "sites", validate_site(site), "conversations")
+    root = layout.conversations_dir(os.path.abspath(os.fspath(data_dir)), validate_site(site))
     found: set[str] = set()
     for d1 in _listdir(file_ops, root):
         for d2 in _listdir(file_ops, os.path.join(root, d1)):
             for name in _listdir(file_ops, os.path.join(root, d1, d2)):
                 cid = name.partition(".")[0]
-                if is_valid_id(cid) and not name.endswith(".lock"):
+                if is_valid_id(cid) and not name.endswith(layout.LOCK_SUFFIX):
                     found.add(cid)
     return sorted(found)
 
@@ -125,7 +124,7 @@ def purge_site(
     erased = 0
     for cid in site_conversations(root, site, file_ops=file_ops):
         erased += erase_conversation(root, site, cid, file_ops=file_ops, lock_timeout=lock_timeout).had_log
-    site_dir = os.path.join(root, "sites", site)
+    site_dir = layout.site_dir(root, site)
     if file_ops.exists(site_dir):
         _remove_tree(file_ops, site_dir)
         file_ops.fsync_dir(os.path.dirname(site_dir))

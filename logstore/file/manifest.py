@@ -16,7 +16,7 @@ Rules:
   compared with the recorded one (a stat each) and only the changed logs' tails are read to reconcile.
 - Records merge by max: a record wins if its next_seq is higher (or equal with a later last_appended_at),
   so duplicates, reordering between processes and re-appends after compaction are all harmless.
-  The one exception is the *erasure* record (``created_at == ERASED``, written by ``logstore.erasure``
+  The one exception is the *erasure* record (``created_at == ERASED``, written by ``logstore.file.erasure``
   under the conversation lock after the log is gone, and by a single-conversation repair just before a
   lower record): it drops the conversation whatever came before, and later records start afresh.
   Every record of the old log precedes it in the journals, since they are written under that lock.

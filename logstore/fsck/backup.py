@@ -31,21 +31,28 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 
-from .conversation import ConversationPaths
-from .errors import InvalidArgument
-from .fileio import OS_FILE_OPS, FileOps
-from .frame import decode_header
-from .ids import is_valid_id, is_valid_site
-from .index_codec import ENTRY_SIZE, INDEX_HEADER, INDEX_HEADER_SIZE, decode_entry, encode_entry, header_ok
-from .locking import held
+from ..core.errors import InvalidArgument
+from ..core.ids import is_valid_id, is_valid_site
+from ..file import layout
+from ..file.fileio import OS_FILE_OPS, FileOps
+from ..file.frame import decode_header
+from ..file.index_codec import (
+    ENTRY_SIZE,
+    INDEX_HEADER,
+    INDEX_HEADER_SIZE,
+    decode_entry,
+    encode_entry,
+    header_ok,
+)
+from ..file.layout import ConversationPaths, conversation_paths
+from ..file.locking import held
+from ..file.manifest_codec import Entry, encode_snapshot, generations
+from ..file.scanner import ScanState, frame_at, scan_log
 from .logdump import acknowledged_end
-from .manifest import Entry, encode_snapshot
-from .scanner import ScanState, frame_at, scan_log
-from .store import conversation_paths
 
 __all__ = ["BackupReport", "backup", "has_conversations", "TOP_LEVEL_FILES"]
 
-TOP_LEVEL_FILES = ("credentials.json", "secret")
+TOP_LEVEL_FILES = (layout.CREDENTIALS, layout.SECRET)
 _CHUNK = 1 << 20
 _PARALLEL = 8
 
@@ -72,13 +79,13 @@ def backup(
 ) -> BackupReport:
     src = os.path.abspath(os.fspath(source))
     dst = os.path.abspath(os.fspath(dest))
-    if not os.path.isdir(os.path.join(src, "sites")):
+    if not os.path.isdir(layout.sites_dir(src)):
         raise InvalidArgument(f"{src} is not a logstore data dir (no sites/ directory)", field="source")
     if dst == src or dst.startswith(src + os.sep) or src.startswith(dst + os.sep):
         raise InvalidArgument("the backup must be outside the data dir (and the data dir outside it)")
     ops = file_ops
     report = BackupReport(src, dst)
-    ops.makedirs_durable(os.path.join(dst, "sites"))
+    ops.makedirs_durable(layout.sites_dir(dst))
     for name in TOP_LEVEL_FILES:
         data = ops.read_file(os.path.join(src, name))
         if data is not None and ops.read_file(os.path.join(dst, name)) != data:
@@ -108,11 +115,11 @@ def backup(
                 if progress is not None:
                     progress(done, total)
             report.removed += _remove_others(ops, dst, site, set(entries))
-            _write_manifest(ops, os.path.join(dst, "sites", site), entries)
+            _write_manifest(ops, layout.manifest_dir(dst, site), entries)
             report.conversations += len(entries)
     for site in set(_sites(dst)) - set(plan):  # a site purged from the source
         report.removed += _remove_others(ops, dst, site, set())
-        _write_manifest(ops, os.path.join(dst, "sites", site), {})
+        _write_manifest(ops, layout.manifest_dir(dst, site), {})
     return report
 
 
@@ -124,21 +131,22 @@ def has_conversations(root: str | os.PathLike[str]) -> bool:
 
 def _sites(root: str) -> list[str]:
     try:
-        return sorted(n for n in os.listdir(os.path.join(root, "sites")) if is_valid_site(n))
+        return sorted(n for n in os.listdir(layout.sites_dir(root)) if is_valid_site(n))
     except FileNotFoundError:
         return []
 
 
 def _logs(root: str, site: str) -> Iterator[tuple[str, int]]:
     """(conversation id, log size) of every log of a site."""
-    base = os.path.join(root, "sites", site, "conversations")
+    base = layout.conversations_dir(root, site)
     for d1 in _names(base):
         for d2 in _names(os.path.join(base, d1)):
             leaf = os.path.join(base, d1, d2)
             for name in _names(leaf):
-                if name.endswith(".log") and is_valid_id(name[:-4]):
+                cid = name.removesuffix(layout.LOG_SUFFIX)
+                if cid != name and is_valid_id(cid):
                     try:
-                        yield name[:-4], os.stat(os.path.join(leaf, name)).st_size
+                        yield cid, os.stat(os.path.join(leaf, name)).st_size
                     except FileNotFoundError:  # erased meanwhile
                         continue
 
@@ -181,7 +189,8 @@ def _copy_log(ops: FileOps, src: str, dst: str, site: str, cid: str, *, lock_tim
             result = scan_log(
                 ops, sfd, start=start, expected_seq=seq, last_recorded_at=last_at, file_size=end
             )
-            if result.state is not ScanState.CLEAN or result.end != end:  # cannot be: the end was found the same way
+            # Cannot be: the end was found the same way.
+            if result.state is not ScanState.CLEAN or result.end != end:
                 return _Copied(None, corrupt=f"{site}/{cid}: {result.reason} at byte {result.stop_offset}")
             if start < end:  # else the copy is complete already (its index is written after its sync)
                 for pos in range(start, end, _CHUNK):
@@ -197,7 +206,7 @@ def _copy_log(ops: FileOps, src: str, dst: str, site: str, cid: str, *, lock_tim
         if start < end:
             _write_index(ops, dp, index, b"".join(encode_entry(f.offset, f.first_seq) for f in result.frames))
         assert header is not None and result.last_recorded_at is not None
-        entry = Entry(header[3], result.last_recorded_at, end, result.next_seq)
+        entry = Entry(header.recorded_at, result.last_recorded_at, end, result.next_seq)
         return _Copied(entry, end - start, start == 0)
     finally:
         ops.close(sfd)
@@ -236,9 +245,9 @@ def _entry_of_copy(ops: FileOps, dp: ConversationPaths) -> Entry | None:
     try:
         result = scan_log(ops, fd, keep_frames=False)
         header = decode_header(ops.pread(fd, 64, 0))
-        if result.state != "clean" or result.last_recorded_at is None or header is None:
+        if result.state is not ScanState.CLEAN or result.last_recorded_at is None or header is None:
             return None
-        return Entry(header[3], result.last_recorded_at, result.end, result.next_seq)
+        return Entry(header.recorded_at, result.last_recorded_at, result.end, result.next_seq)
     finally:
         ops.close(fd)
 
@@ -274,16 +283,15 @@ def _remove_others(ops: FileOps, dst: str, site: str, keep: set[str]) -> int:
     return removed
 
 
-def _write_manifest(ops: FileOps, site_dir: str, entries: dict[str, Entry]) -> None:
-    """Replace the destination site's manifest by one snapshot of ``entries`` (a newer generation than
-    any file there, then the older files go), after the logs it lists were made durable."""
-    directory = os.path.join(site_dir, "manifest")
+def _write_manifest(ops: FileOps, directory: str, entries: dict[str, Entry]) -> None:
+    """Replace the destination site's manifest (``directory``) by one snapshot of ``entries`` (a newer
+    generation than any file there, then the older files go), after the logs it lists were made durable."""
     ops.makedirs_durable(directory)
-    gens = [int(n.partition(".")[2]) for n in _names(directory) if n.partition(".")[2].isdigit()]
-    new = max(gens, default=0) + 1
-    ops.atomic_write(os.path.join(directory, f"snapshot.{new}"), encode_snapshot(entries))
-    for name in _names(directory):
-        kind, _, gen = name.partition(".")
-        if kind in ("snapshot", "journal") and gen.isdigit() and int(gen) < new:
-            ops.unlink(os.path.join(directory, name))
+    found = generations(_names(directory))
+    new = max(found.snapshots + found.journals, default=0) + 1
+    ops.atomic_write(layout.manifest_file(directory, "snapshot", new), encode_snapshot(entries))
+    for kind, gens in (("snapshot", found.snapshots), ("journal", found.journals)):
+        for gen in gens:
+            if gen < new:
+                ops.unlink(layout.manifest_file(directory, kind, gen))
     ops.fsync_dir(directory)

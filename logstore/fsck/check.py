@@ -356,7 +356,8 @@ def _fix_entries(
     cannot lower what the manifest claims (records merge by max, e.g. after ``--truncate-corrupt`` cut the
     log): then the manifest is rebuilt with that entry replaced and every other entry kept as recorded,
     so one run leaves the store consistent without reading the site's other logs."""
-    fixes, lowered = {}, {}
+    fixes: dict[str, Entry] = {}
+    lowered: dict[str, Entry] = {}
     for cid, (_, derived) in stale.items():
         stored = view.entries.get(cid)
         (fixes if stored is None or derived.newer_than(stored) else lowered)[cid] = derived

@@ -263,7 +263,7 @@ def describe_mismatch(stored: Entry | None, derived: Entry) -> str | None:
     if got == want:
         return None
     names = ("created_at", "last_appended_at", "next_seq", "log_size")
-    shown = (_timestamp, _timestamp, str, str)
+    shown: tuple[Callable[[int], str], ...] = (_timestamp, _timestamp, str, str)
     diffs = [
         f"{n} {f(g)} (log: {f(w)})" for n, f, g, w in zip(names, shown, got, want, strict=True) if g != w
     ]
