@@ -154,9 +154,11 @@ async def test_several_workers_share_one_data_dir(tmp_path):
 @pytest.mark.parametrize("mode", MODES)
 async def test_stdio_mode(tmp_path, mode):
     data_dir = str(tmp_path / "stdio")
+    # Both ways to name the store, one per protocol era: --data-dir D is shorthand for --store file:D.
+    where = ["--data-dir", data_dir] if mode == MODES[0] else ["--store", f"file:{data_dir}"]
     params = StdioServerParameters(
         command=logstore_cmd()[0],
-        args=[*logstore_cmd()[1:], "serve", "--stdio", "--data-dir", data_dir, "--site", "alpha"],
+        args=[*logstore_cmd()[1:], "serve", "--stdio", *where, "--site", "alpha"],
         cwd=str(REPO),
     )
     async with Client(params, mode=mode) as client:
