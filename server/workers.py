@@ -295,8 +295,9 @@ class Supervisor:
         while self._held:
             self._held.popleft().close()
         for worker in self._workers:
-            if worker.process.exitcode is None:
-                os.kill(worker.process.pid, signal.SIGTERM)  # uvicorn's graceful shutdown in the worker
+            pid = worker.process.pid  # set by start(), which _spawn always calls
+            if worker.process.exitcode is None and pid is not None:
+                os.kill(pid, signal.SIGTERM)  # uvicorn's graceful shutdown in the worker
 
     def run(self) -> int:
         self._listener.setblocking(False)
