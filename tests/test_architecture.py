@@ -11,9 +11,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("logstore", "server", "tools")
 MAX_LINES = 450
-# ConversationLog is split along its lock protocol by issue 11 item 3 (separate work); until then it is
-# the one module allowed over the bound, and only by what it has today.
-OVERSIZED = {"logstore/file/conversation.py": 800}
+# ConversationLog is split along its lock protocol (group_commit.py, seq_index.py, recovery.py, locking.py);
+# what remains (state, refresh/poison, commit, reads) is the one module allowed over the bound, and only
+# by what it has today: swapping in an immutable recovered state is the next step.
+OVERSIZED = {"logstore/file/conversation.py": 650}
 
 
 def _modules() -> dict[str, Path]:

@@ -15,6 +15,16 @@ Strategy:
 - An index entry that disagrees with the log (wrong check, wrong offset, wrong seq) is never served: the
   log is rescanned and the index rewritten. A frame that fails its CRC inside the acknowledged region is
   corruption: ``Corrupted(path, offset)``; reads entirely before it still work, appends stop.
+
+Modules: ``group_commit`` (queue, leader, parked followers), ``recovery`` (the acknowledged-end rule),
+``seq_index`` (locating frames, writing the sidecar), ``locking`` (the cross-process flock).
+
+Lock order (one name per lock; never take a lock to the left while holding one to its right):
+  ``_io_lock`` (one thread touches descriptors and refreshes; held by the leader for a whole commit)
+  -> ``_file_lock`` (the cross-process flock, only under ``_io_lock``)
+  -> ``_state_lock`` (the published state; held briefly, no I/O under it except a reload)
+  -> ``_fd_readers`` (readers mid-``pread``; closing descriptors waits for them).
+  The group-commit queue lock is a leaf, taken with none of these held.
 """
 
 from __future__ import annotations
@@ -23,9 +33,7 @@ import logging
 import os
 import threading
 import time
-from bisect import bisect_right
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgspec
@@ -36,19 +44,13 @@ from ..core.limits import MAX_CONVERSATION_ITEMS
 from ..core.models import MemoryItem, SeqRange, micros_to_datetime
 from .fileio import FileOps
 from .frame import Frame, Invalid, NeedMore, decode_frame, decode_header, encode_frame
-from .index_codec import (
-    ENTRY_SIZE,
-    INDEX_HEADER,
-    INDEX_HEADER_SIZE,
-    decode_entry,
-    encode_entry,
-    entry_first_seq,
-    index_entries,
-)
+from .group_commit import AppendRequest, GroupCommit, ReaderGuard
+from .index_codec import ENTRY_SIZE, encode_entry, index_entries
 from .layout import ConversationPaths
 from .locking import PathLock
 from .recovery import NO_ANCHOR, Evidence, Recovered, Verdict, judge, recover
 from .scanner import ScanResult, ScanState, read_frame_at, scan_log
+from .seq_index import IndexMismatch, locate, write_index
 
 __all__ = ["ConversationLog", "AppendRequest", "CommitInfo"]
 
@@ -64,51 +66,6 @@ class CommitInfo:
     last_appended_at: int
     log_size: int
     next_seq: int
-
-
-class AppendRequest:
-    """One caller's batch: items already encoded (``frame.encode_items``) before any lock is taken."""
-
-    __slots__ = ("encoded", "count", "result", "error", "done", "wake", "promoted")
-
-    def __init__(self, encoded: bytes, count: int) -> None:
-        self.encoded = encoded
-        self.count = count
-        self.result: SeqRange | None = None
-        self.error: BaseException | None = None
-        self.done = False
-        self.wake: threading.Lock | None = None  # a follower's parking lock (see ConversationLog.append)
-        self.promoted = False  # chosen to lead the next group (set under the queue lock)
-
-
-class _ReaderGuard:
-    """Counts readers using the descriptors; closing waits for them (fd numbers get reused)."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
-        self._readers = 0
-
-    def __enter__(self) -> None:
-        with self._cond:
-            self._readers += 1
-
-    def __exit__(self, *exc: object) -> None:
-        with self._cond:
-            self._readers -= 1
-            if not self._readers:
-                self._cond.notify_all()
-
-    @contextmanager
-    def exclusive(self) -> Iterator[None]:
-        """Wait until no reader is mid-``pread``, and keep new ones out while descriptors close."""
-        with self._cond:
-            while self._readers:
-                self._cond.wait()
-            yield
-
-
-class _IndexMismatch(Exception):
-    """The index disagreed with the log; rescan and retry."""
 
 
 def _now_us() -> int:
@@ -138,11 +95,9 @@ class ConversationLog:
         self._directory_ready = ops.exists(paths.directory)
         self._state_lock = threading.Lock()  # guards the published state below; held only briefly
         self._io_lock = threading.Lock()  # one thread at a time touches descriptors/refreshes
-        self._queue_cond = threading.Condition(threading.Lock())
-        self._pending: list[AppendRequest] = []
-        self._leader_active = False
+        self._group = GroupCommit(self._commit_io)
         self._closed = False
-        self._fd_readers = _ReaderGuard()
+        self._fd_readers = ReaderGuard()
         self._generation = 0  # bumped whenever descriptors are closed or state is rebuilt
         # Start of a failed write whose cleanup (truncate + fdatasync) failed too; survives reloads.
         self._unsafe_from: int | None = None
@@ -280,7 +235,7 @@ class ConversationLog:
         """Make the published state at least as new as the file, without waiting on a local writer."""
         if self._closed:
             raise Unavailable("store is closed")
-        if self._loaded and self._log_fd is not None and not self._leader_active:
+        if self._loaded and self._log_fd is not None and not self._group.leader_active:
             try:
                 if self.ops.linked_size(self._log_fd) == self._end:  # None once erased: never served
                     return
@@ -440,81 +395,12 @@ class ConversationLog:
 
     # ------------------------------------------------------------------ appends
     def append(self, request: AppendRequest) -> SeqRange:
-        """Commit one batch (group commit with concurrent callers). Blocks until durable or failed.
+        """Commit one batch (group commit with concurrent callers). Blocks until durable or failed."""
+        return self._group.submit(request)
 
-        A follower parks on its own request's lock and is woken exactly once: when its batch is done, or
-        when it is promoted to lead the next group. (A shared condition with ``notify_all`` woke every
-        waiter on every commit; with 16 writers that herd took ~35% of the GIL, see docs/PERFORMANCE.md.)
-        """
-        with self._queue_cond:
-            self._pending.append(request)
-            follow = self._leader_active
-            if follow:
-                request.wake = threading.Lock()
-                request.wake.acquire()
-            else:
-                self._leader_active = True
-        if follow:
-            assert request.wake is not None
-            try:
-                request.wake.acquire()  # released once: done, or promoted to leader
-            except BaseException:  # an interrupt while parked: leave the queue without stranding it
-                self._abandon(request)
-                raise
-            if request.done:
-                return self._outcome(request)
-        with self._queue_cond:
-            group, self._pending = self._pending, []
-        interrupt: BaseException | None = None
-        try:
-            with self._io_lock:
-                self._commit_group(group)
-        except BaseException as exc:  # never strand a follower
-            for req in group:
-                if not req.done:
-                    req.error, req.done = exc, True
-            if not isinstance(exc, Exception):
-                interrupt = exc  # KeyboardInterrupt/SystemExit propagate even if this batch is durable
-        finally:
-            self._hand_off(group, request)
-        if interrupt is not None:
-            raise interrupt
-        return self._outcome(request)
-
-    def _hand_off(self, group: list[AppendRequest], leader: AppendRequest | None) -> None:
-        """Wake the group's followers (their outcome is set) and promote the next queued request, or
-        step down. The decision is made under the queue lock before any wake-up."""
-        with self._queue_cond:
-            nxt = self._pending[0] if self._pending else None  # stays queued: it takes the whole queue
-            if nxt is None:
-                self._leader_active = False
-            else:
-                nxt.promoted = True
-        for req in group:
-            if req is not leader and req.wake is not None:
-                req.wake.release()
-        if nxt is not None and nxt.wake is not None:
-            nxt.wake.release()
-
-    def _abandon(self, request: AppendRequest) -> None:
-        """A parked follower was interrupted. Still queued: withdraw the batch (it was never written). If
-        it had been promoted meanwhile, it owes the queue a leader: pass leadership on (or step down).
-        Already taken into a group: that leader finishes it and wakes nobody who waits."""
-        with self._queue_cond:
-            if request not in self._pending:
-                return
-            promoted = request.promoted
-            self._pending.remove(request)
-            request.error, request.done = Unavailable("append interrupted before it was written"), True
-        if promoted:
-            self._hand_off([], None)
-
-    @staticmethod
-    def _outcome(request: AppendRequest) -> SeqRange:
-        if request.error is not None:
-            raise request.error
-        assert request.result is not None
-        return request.result
+    def _commit_io(self, group: list[AppendRequest]) -> None:
+        with self._io_lock:
+            self._commit_group(group)
 
     def _commit_group(self, group: list[AppendRequest]) -> None:
         if self._closed:  # checked under _io_lock: close() cannot have let go of the lock fd yet
@@ -624,27 +510,10 @@ class ConversationLog:
             self._on_commit(CommitInfo(self.conversation_id, self._created_at, recorded_at, offset, seq))
 
     def _write_index(self) -> None:
-        """Bring the index file up to the in-memory entries: rewrite from the first entry not known to
-        match, cut anything beyond. Failures only cost a later rescan, never an error to the client."""
-        if self._idx_fd is None:
-            return
-        have = len(self._entries)
-        try:
-            size = self.ops.size(self._idx_fd)  # one fstat: the write below never extends past have
-            if size < INDEX_HEADER_SIZE:
-                self._index_valid = 0
-            start = self._index_valid * ENTRY_SIZE
-            if start < have:
-                chunk = bytes(self._entries[start:])
-                if start == 0:
-                    self.ops.pwrite(self._idx_fd, INDEX_HEADER + chunk, 0)
-                else:
-                    self.ops.pwrite(self._idx_fd, chunk, INDEX_HEADER_SIZE + start)
-            if size > INDEX_HEADER_SIZE + have:
-                self.ops.ftruncate(self._idx_fd, INDEX_HEADER_SIZE + have)
-            self._index_valid = have // ENTRY_SIZE
-        except OSError as exc:
-            log.warning("index write failed for %s (will be rebuilt from the log): %s", self.paths.index, exc)
+        if self._idx_fd is not None:
+            self._index_valid = write_index(
+                self.ops, self._idx_fd, self._entries, self._index_valid, name=self.paths.index
+            )
 
     def sync_index(self) -> None:
         """fdatasync the index (on clean close), so the next open scans less of the log."""
@@ -674,7 +543,7 @@ class ConversationLog:
                 return []
             try:
                 frames = self._read_frames(entries, first, stop, end, generation)
-            except _IndexMismatch:
+            except IndexMismatch:
                 self._verify_and_rebuild()
                 continue
             except OSError as exc:
@@ -696,33 +565,22 @@ class ConversationLog:
     def _read_frames(
         self, entries: bytearray, first: int, stop: int, end: int, generation: int
     ) -> list[Frame] | None:
-        n = len(entries) // ENTRY_SIZE
-        lo = bisect_right(range(n), first, key=lambda i: entry_first_seq(entries, i)) - 1
-        hi = bisect_right(range(n), stop - 1, key=lambda i: entry_first_seq(entries, i)) - 1
-        if lo < 0 or hi < lo:
-            raise _IndexMismatch
-        bounds: list[tuple[int, int]] = []
-        for i in range(lo, min(hi + 2, n)):
-            entry = decode_entry(entries, i)
-            if entry is None or (bounds and entry[0] <= bounds[-1][0]):
-                raise _IndexMismatch
-            bounds.append(entry)
+        bounds, region_end = locate(entries, first, stop, end)
         region_start = bounds[0][0]
-        region_end = bounds[hi - lo + 1][0] if hi + 1 < n else end
         with self._fd_readers:
             if self._generation != generation or self._log_fd is None:
                 return None
             data = self.ops.pread(self._log_fd, region_end - region_start, region_start)
         frames: list[Frame] = []
         pos = 0
-        for offset, first_seq in bounds[: hi - lo + 1]:
+        for offset, first_seq in bounds:
             event = decode_frame(data, offset - region_start, region_start)
             if not isinstance(event, Frame) or event.first_seq != first_seq:
-                raise _IndexMismatch
+                raise IndexMismatch
             frames.append(event)
             pos = event.end - region_start
         if pos != len(data) or frames[-1].first_seq + frames[-1].count < stop:
-            raise _IndexMismatch
+            raise IndexMismatch
         return frames
 
     def _items(self, frames: list[Frame], first: int, stop: int) -> list[MemoryItem]:

@@ -1,0 +1,68 @@
+"""The in-memory seq index of one conversation and its sidecar file: locating frames by seq, writing the
+file. Pure over its arguments (descriptors and ``FileOps`` are passed in), so the conversation keeps the
+one copy of the entries under its state lock and this module owns the rules:
+
+- ``entries`` holds one ``index_codec`` entry (offset, first seq, check) per good frame, in log order;
+- ``locate`` finds the frames covering ``[first, stop)`` by bisection, and raises ``IndexMismatch`` for
+  anything inconsistent (the caller rescans the log: the index is never trusted over the log);
+- ``write_index`` brings the file up to the entries after a commit (never before its fdatasync: the index
+  may lag the log, never lead it), rewriting from the first entry not known to match.
+"""
+
+from __future__ import annotations
+
+import logging
+from bisect import bisect_right
+
+from .fileio import FileOps
+from .index_codec import ENTRY_SIZE, INDEX_HEADER, INDEX_HEADER_SIZE, decode_entry, entry_first_seq
+
+__all__ = ["IndexMismatch", "locate", "write_index"]
+
+log = logging.getLogger("logstore")
+
+
+class IndexMismatch(Exception):
+    """The index disagreed with the log; rescan and retry."""
+
+
+def locate(entries: bytearray, first: int, stop: int, end: int) -> tuple[list[tuple[int, int]], int]:
+    """``([(offset, first_seq)] of the frames holding seqs [first, stop), end of the last one)``.
+    ``end`` is the end of the log, used when the last frame is the last entry."""
+    n = len(entries) // ENTRY_SIZE
+    lo = bisect_right(range(n), first, key=lambda i: entry_first_seq(entries, i)) - 1
+    hi = bisect_right(range(n), stop - 1, key=lambda i: entry_first_seq(entries, i)) - 1
+    if lo < 0 or hi < lo:
+        raise IndexMismatch
+    bounds: list[tuple[int, int]] = []
+    for i in range(lo, min(hi + 2, n)):
+        entry = decode_entry(entries, i)
+        if entry is None or (bounds and entry[0] <= bounds[-1][0]):
+            raise IndexMismatch
+        bounds.append(entry)
+    region_end = bounds[hi - lo + 1][0] if hi + 1 < n else end
+    return bounds[: hi - lo + 1], region_end
+
+
+def write_index(ops: FileOps, fd: int, entries: bytearray, valid: int, *, name: str) -> int:
+    """Bring the index file up to ``entries``: rewrite from entry ``valid`` (the first not known to match
+    the file), cut anything beyond. Returns the new count of matching entries. Failures only cost a later
+    rescan, never an error to the client (logged; the count returned is then the old one)."""
+    have = len(entries)
+    try:
+        size = ops.size(fd)  # one fstat: the write below never extends past have
+        if size < INDEX_HEADER_SIZE:
+            valid = 0
+        start = valid * ENTRY_SIZE
+        if start < have:
+            chunk = bytes(entries[start:])
+            if start == 0:
+                ops.pwrite(fd, INDEX_HEADER + chunk, 0)
+            else:
+                ops.pwrite(fd, chunk, INDEX_HEADER_SIZE + start)
+        if size > INDEX_HEADER_SIZE + have:
+            ops.ftruncate(fd, INDEX_HEADER_SIZE + have)
+    except OSError as exc:
+        log.warning("index write failed for %s (will be rebuilt from the log): %s", name, exc)
+        return valid
+    return have // ENTRY_SIZE
