@@ -2,7 +2,8 @@
 
     python -m bench                 # full profile (~10 min; P5 at 10k and 1M conversations)
     python -m bench --quick         # about a minute
-    python -m bench --only P1 P5    # a subset (ids: P1 P2 P3 sweep P4 P5 P6 P7 P8 P12; P1-P3 run together)
+    python -m bench --only P1 P5    # a subset (ids: P1 P2 P3 sweep P4 P5 P6 P7 P8 P9-P11 P12;
+                                    # P1-P3 run together, so do P9-P11)
 
 Scratch data goes to ``--tmp-dir`` (default $LOGSTORE_BENCH_TMP or the system temp dir) and is deleted.
 A measure that fails is reported in the table and makes the exit status 1; ``--strict`` re-raises instead.
@@ -24,6 +25,7 @@ from .fsck import measure_fsck
 from .listing import measure_listing
 from .mcp_calls import measure_mcp
 from .peer import measure_peer
+from .postgres import measure_postgres
 from .reads import measure_reads
 from .report import environment, format_table, load_json, write_json, write_plot
 from .stats import Row
@@ -42,12 +44,30 @@ SECTIONS: dict[str, tuple[tuple[str, ...], Section]] = {
     "fsck": (("P8",), lambda p, d, a: measure_fsck(p, d)),
     "mcp": (("P6", "P6-sdk", "P6-cpu", "P6-w2"), lambda p, d, a: measure_mcp(p, d)),
     "peer": (("P12",), lambda p, d, a: measure_peer(p, d)),
+    "postgres": (("P9", "P10", "P11"), lambda p, d, a: measure_postgres(p, d)),
     "listing": (
         ("P5",),
         lambda p, d, a: measure_listing(p.listing_sizes, p.runs, p.list_calls, a.tmp_dir, a.jobs),
     ),
 }
-_ORDER = ("P1", "P2", "P3", "P4", "P5", "P6", "P6-sdk", "P6-cpu", "P6-w2", "P7", "P8", "P12", "S")
+_ORDER = (
+    "P1",
+    "P2",
+    "P3",
+    "P4",
+    "P5",
+    "P6",
+    "P6-sdk",
+    "P6-cpu",
+    "P6-w2",
+    "P7",
+    "P8",
+    "P9",
+    "P10",
+    "P11",
+    "P12",
+    "S",
+)
 
 
 def run(profile: Profile, args: argparse.Namespace) -> tuple[list[Row], list[str]]:
@@ -78,7 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="about a minute, smaller sizes")
     mode.add_argument("--tiny", action="store_true", help="seconds; for the smoke test (figures meaningless)")
-    parser.add_argument("--only", nargs="+", metavar="ID", help="P1 P2 P3 P4 P5 P6 P7 P8 P12 sweep")
+    parser.add_argument(
+        "--only", nargs="+", metavar="ID", help="P1 P2 P3 P4 P5 P6 P7 P8 P9 P10 P11 P12 sweep"
+    )
     parser.add_argument("--runs", type=int, help="rounds per measure (default from the profile)")
     parser.add_argument("--conversations", type=int, nargs="+", help="P5 site sizes")
     parser.add_argument("--out", default=DEFAULT_OUT, help="results directory (JSON, PNG)")

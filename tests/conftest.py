@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from logstore import Store
+from tests.postgres_support import postgres_server  # noqa: F401  (session fixture: a real PostgreSQL)
 
 _SERVER_MODULES = ("test_server_", "test_bench_smoke")  # start servers or whole bench runs
 

@@ -88,8 +88,10 @@ def serve(
     *extra: str,
     env: dict[str, str] | None = None,
     passwords: dict[str, str] | None = None,
+    store: str | None = None,
 ) -> Iterator[RunningServer]:
-    """Start ``logstore serve`` on a free 127.0.0.1 port; stop it (SIGTERM, then SIGKILL) afterwards."""
+    """Start ``logstore serve`` on a free 127.0.0.1 port; stop it (SIGTERM, then SIGKILL) afterwards.
+    ``store``: a store URL served instead of ``data_dir`` (which then only holds the server's output)."""
     data_dir = str(data_dir)
     out_path = os.path.join(data_dir, f"serve-{os.getpid()}-{time.monotonic_ns()}.out")
     os.makedirs(data_dir, exist_ok=True)
@@ -98,8 +100,7 @@ def serve(
         cmd = [
             *logstore_cmd(),
             "serve",
-            "--data-dir",
-            data_dir,
+            *(("--store", store) if store else ("--data-dir", data_dir)),
             "--port",
             str(port),
             "--log-level",

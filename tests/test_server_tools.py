@@ -26,14 +26,23 @@ pytestmark = pytest.mark.anyio
 RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z$")
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
+@pytest.fixture(scope="module", params=["file", "postgres"])
+def server(request, tmp_path_factory):
+    """The same tests against each backend: a data dir, or a fresh schema on the session's PostgreSQL."""
     data_dir = tmp_path_factory.mktemp("tools")
-    creds = CredentialsFile(str(data_dir))
+    store = None
+    if request.param == "postgres":
+        from logstore.postgres.registry import PostgresRegistry
+        from tests.postgres_support import fresh_url, shared_server
+
+        store = fresh_url(shared_server())
+        creds = PostgresRegistry(store)
+    else:
+        creds = CredentialsFile(str(data_dir))
     creds.add("alpha", "alpha-password")
     for mode in MODES:  # one site per listing test, so each listing holds exactly what the test wrote
         creds.add(list_site(mode), "pw")
-    with serve(data_dir, passwords={"alpha": "alpha-password"}) as running:
+    with serve(data_dir, store=store, passwords={"alpha": "alpha-password"}) as running:
         yield running
 
 

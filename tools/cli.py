@@ -37,6 +37,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "tools.fsck",  # logstore fsck|dump|export
     "tools.erase",  # logstore conversation delete (site remove --purge is in tools.sites)
     "tools.backup",  # logstore backup|restore
+    "tools.db",  # logstore db migrate|status (PostgreSQL stores)
 )
 
 EXIT_FAILURE = 1  # the operation failed (unknown site, port in use, data dir unusable, ...)

@@ -67,3 +67,12 @@ class CursorCodec:
                 "cursor was not issued for this site's listing (tampered, or from another site)"
             )
         return CursorKey(parsed.last_appended_at, parsed.conversation_id)
+
+    def next_cursor(self, cursor: str | None, last: CursorKey | None, *, has_more: bool) -> str | None:
+        """A page's ``next_cursor`` (every backend's rule): None at the end; else the position of the
+        page's last entry ``last``; a limit-0 page (no last entry) continues from where it started."""
+        if not has_more:
+            return None
+        if last is not None:
+            return self.encode(last)
+        return cursor if cursor is not None else self.encode(CursorKey(BEFORE_ALL, ""))

@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterator
 import filelock
 from sortedcontainers import SortedList
 
-from ..core.cursor import BEFORE_ALL, CursorCodec, CursorKey
+from ..core.cursor import CursorCodec, CursorKey
 from ..core.errors import Io
 from ..core.ids import is_valid_id
 from ..core.models import ConversationListing, ConversationSummary, micros_to_datetime
@@ -347,13 +347,8 @@ class SiteManifest:
                         cid, micros_to_datetime(entry.created_at), micros_to_datetime(-neg_last)
                     )
                 )
-        if not has_more:
-            next_cursor = None
-        elif keys:
-            next_cursor = self._cursors.encode(CursorKey(-keys[-1][0], keys[-1][1]))
-        else:  # limit 0 with conversations remaining: continue from the same position
-            next_cursor = cursor if cursor is not None else self._cursors.encode(CursorKey(BEFORE_ALL, ""))
-        return ConversationListing(summaries, next_cursor)
+        last = CursorKey(-keys[-1][0], keys[-1][1]) if keys else None
+        return ConversationListing(summaries, self._cursors.next_cursor(cursor, last, has_more=has_more))
 
     def _refresh(self) -> None:
         """Cheap check for other processes' records: one stat of the active journal."""

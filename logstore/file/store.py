@@ -15,8 +15,9 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from ..core.arguments import list_args, recall_args, replay_args
 from ..core.batch import prepare_batch
-from ..core.errors import InvalidArgument, Io, Unavailable
+from ..core.errors import Io, Unavailable
 from ..core.ids import validate_conversation_id, validate_site
 from ..core.limits import DEFAULT_LIST_LIMIT, DEFAULT_RECALL_COUNT, MAX_READ_COUNT
 from ..core.models import ConversationListing, MemoryItem, SeqRange
@@ -27,12 +28,6 @@ from .frame import encode_items
 from .manifest import SiteManifest
 
 __all__ = ["Store"]
-
-
-def _check_count(name: str, value: object, maximum: int = MAX_READ_COUNT) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= maximum:
-        raise InvalidArgument(f"{name} must be an integer from 0 to {maximum}, got {value!r}", field=name)
-    return value
 
 
 class Store:
@@ -77,9 +72,7 @@ class Store:
 
     def recall(self, site: str, conversation_id: str, count: int = DEFAULT_RECALL_COUNT) -> list[MemoryItem]:
         """The last ``count`` items in ascending seq order (fewer if the log holds fewer)."""
-        site = validate_site(site)
-        conversation_id = validate_conversation_id(conversation_id)
-        _check_count("count", count)
+        site, conversation_id, count = recall_args(site, conversation_id, count)
         with self._conversation(site, conversation_id) as conv:
             return conv.read(None, count)
 
@@ -87,11 +80,7 @@ class Store:
         self, site: str, conversation_id: str, offset: int = 0, limit: int = MAX_READ_COUNT
     ) -> list[MemoryItem]:
         """Up to ``limit`` items from seq ``offset`` on; a short page means the end of the log."""
-        site = validate_site(site)
-        conversation_id = validate_conversation_id(conversation_id)
-        _check_count("limit", limit)
-        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-            raise InvalidArgument(f"offset must be a non-negative integer, got {offset!r}", field="offset")
+        site, conversation_id, offset, limit = replay_args(site, conversation_id, offset, limit)
         with self._conversation(site, conversation_id) as conv:
             return conv.read(offset, limit)
 
@@ -99,10 +88,7 @@ class Store:
         self, site: str, cursor: str | None = None, limit: int = DEFAULT_LIST_LIMIT
     ) -> ConversationListing:
         """One page of the site's conversations, most recently appended first (keyset pagination)."""
-        site = validate_site(site)
-        _check_count("limit", limit)
-        if cursor is not None and not isinstance(cursor, str):
-            raise InvalidArgument("cursor must be a string or null", field="cursor")
+        site, cursor, limit = list_args(site, cursor, limit)
         return self._manifest(site).list_page(cursor, limit)
 
     def close(self) -> None:

@@ -47,7 +47,31 @@ def file_backend(scratch: Path, monkeypatch: pytest.MonkeyPatch) -> Backend:
     return Backend("file", lambda: Store(data_dir, lock_timeout=2.0), set_clock)
 
 
-BACKENDS = [pytest.param(file_backend, id="file")]
+def postgres_backend(scratch: Path, monkeypatch: pytest.MonkeyPatch) -> Backend:
+    """A fresh schema on the test session's PostgreSQL (tests/postgres_support.py)."""
+    from logstore.postgres import PostgresStore
+    from tests.postgres_support import fresh_url, shared_server
+
+    url = fresh_url(shared_server())
+    opened: list[PostgresStore] = []
+    clock: list[Callable[[], int] | None] = [None]
+
+    def open_store() -> PostgresStore:
+        store = PostgresStore(url, lock_timeout=2.0)
+        store.clock = clock[0]
+        opened.append(store)
+        return store
+
+    def set_clock(now: Callable[[], int]) -> None:
+        # recorded_at comes from the database clock; the store's test seam replaces it.
+        clock[0] = now
+        for store in opened:
+            store.clock = now
+
+    return Backend("postgres", open_store, set_clock)
+
+
+BACKENDS = [pytest.param(file_backend, id="file"), pytest.param(postgres_backend, id="postgres")]
 
 
 @pytest.fixture(params=BACKENDS)

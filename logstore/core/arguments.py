@@ -1,0 +1,38 @@
+"""Validation of the read calls' arguments, shared by every backend (the append batch's rules are in
+batch.py): each returns the validated values or raises the spec's error, before any storage is touched."""
+
+from __future__ import annotations
+
+from .errors import InvalidArgument
+from .ids import validate_conversation_id, validate_site
+from .limits import MAX_READ_COUNT
+
+__all__ = ["check_count", "recall_args", "replay_args", "list_args"]
+
+
+def check_count(name: str, value: object, maximum: int = MAX_READ_COUNT) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= maximum:
+        raise InvalidArgument(f"{name} must be an integer from 0 to {maximum}, got {value!r}", field=name)
+    return value
+
+
+def recall_args(site: object, conversation_id: object, count: object) -> tuple[str, str, int]:
+    return validate_site(site), validate_conversation_id(conversation_id), check_count("count", count)
+
+
+def replay_args(
+    site: object, conversation_id: object, offset: object, limit: object
+) -> tuple[str, str, int, int]:
+    site, conversation_id = validate_site(site), validate_conversation_id(conversation_id)
+    limit = check_count("limit", limit)
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise InvalidArgument(f"offset must be a non-negative integer, got {offset!r}", field="offset")
+    return site, conversation_id, offset, limit
+
+
+def list_args(site: object, cursor: object, limit: object) -> tuple[str, str | None, int]:
+    site = validate_site(site)
+    limit = check_count("limit", limit)
+    if cursor is not None and not isinstance(cursor, str):
+        raise InvalidArgument("cursor must be a string or null", field="cursor")
+    return site, cursor, limit

@@ -1,0 +1,131 @@
+"""The site registry (sites and their scrypt password entries) in PostgreSQL, shared by every server.
+
+The ``logstore.core.registry.SiteRegistry`` protocol with the file registry's entry format:
+``location / identity / load / sites / add / set_password / remove``. Each change runs in one
+transaction that also bumps ``logstore_schema.registry_version``; ``identity()`` is that counter, so a
+server notices any change (from any process) by reading one row.
+
+``identity()`` and ``load()`` are called by the server's authenticator on the event loop, so they must not
+block on the network: once ``identity()`` has been called, a daemon thread polls the counter every
+``poll_interval`` seconds (reloading the entries when it moved) and both methods answer from that snapshot.
+Only the very first call reads synchronously. The CLI's calls (``add`` and the rest) are plain blocking
+calls on their own short connection.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+
+from ..core.ids import validate_site
+from ..core.models import rfc3339
+from ..core.registry import SiteExists, UnknownSite, hash_password
+
+__all__ = ["PostgresRegistry"]
+
+_BUMP = "UPDATE logstore_schema SET registry_version = registry_version + 1 WHERE id"
+
+
+class PostgresRegistry:
+    def __init__(self, conninfo: str, *, poll_interval: float = 1.0) -> None:
+        self.conninfo = conninfo
+        self.poll_interval = poll_interval
+        self._lock = threading.Lock()
+        self._snapshot: tuple[int, dict[str, dict[str, Any]]] | None = None
+        self._poller: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    @property
+    def location(self) -> str:
+        """What messages name: the database (without credentials) and the table."""
+        return "postgresql logstore_sites"
+
+    # --- reading (served from a polled snapshot once identity() was called) --------------------------
+    def identity(self) -> int | None:
+        return self._current()[0]
+
+    def load(self) -> dict[str, dict[str, Any]]:
+        snapshot = self._snapshot
+        return dict(snapshot[1]) if snapshot is not None else self._read()[1]
+
+    def sites(self) -> list[str]:
+        return sorted(self._read()[1])
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def _current(self) -> tuple[int, dict[str, dict[str, Any]]]:
+        with self._lock:
+            if self._snapshot is None:
+                self._snapshot = self._read()
+            if self._poller is None:
+                self._poller = threading.Thread(target=self._poll, name="logstore-registry", daemon=True)
+                self._poller.start()
+            return self._snapshot
+
+    def _poll(self) -> None:
+        conn: psycopg.Connection | None = None
+        while not self._stop.wait(self.poll_interval):
+            try:
+                if conn is None or conn.closed:
+                    conn = psycopg.connect(self.conninfo, autocommit=True)
+                row = conn.execute("SELECT registry_version FROM logstore_schema WHERE id").fetchone()
+                if row is not None and self._snapshot is not None and row[0] == self._snapshot[0]:
+                    continue
+                self._snapshot = self._read(conn)
+            except psycopg.Error:  # keep serving the last snapshot; the next poll reconnects
+                if conn is not None:
+                    conn.close()
+                conn = None
+        if conn is not None:
+            conn.close()
+
+    def _read(self, conn: psycopg.Connection | None = None) -> tuple[int, dict[str, dict[str, Any]]]:
+        if conn is None:
+            with psycopg.connect(self.conninfo, autocommit=True) as own:
+                return self._read(own)
+        with conn.transaction():  # the counter and the rows from one snapshot
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            version = conn.execute("SELECT registry_version FROM logstore_schema WHERE id").fetchone()
+            rows = conn.execute("SELECT site, credential FROM logstore_sites").fetchall()
+        return (version[0] if version else 0), {site: json.loads(entry) for site, entry in rows}
+
+    # --- writing -------------------------------------------------------------------------------------
+    def _edit(self, sql: str, params: tuple[object, ...]) -> int:
+        with psycopg.connect(self.conninfo) as conn, conn.transaction():
+            changed = conn.execute(sql, params).rowcount
+            if changed:
+                conn.execute(_BUMP)
+            return changed
+
+    def add(self, site: str, password: str) -> None:
+        validate_site(site)
+        entry = {**hash_password(password), "created_at": rfc3339(datetime.now(UTC))}
+        added = self._edit(
+            "INSERT INTO logstore_sites (site, credential) VALUES (%s, %s) ON CONFLICT (site) DO NOTHING",
+            (site, json.dumps(entry)),
+        )
+        if not added:
+            raise SiteExists(site)
+
+    def set_password(self, site: str, password: str) -> None:
+        new = hash_password(password)
+        with psycopg.connect(self.conninfo) as conn, conn.transaction():
+            row = conn.execute(
+                "SELECT credential FROM logstore_sites WHERE site = %s FOR UPDATE", (site,)
+            ).fetchone()
+            if row is None:
+                raise UnknownSite(site)
+            entry = {**json.loads(row[0]), **new}  # keeps created_at
+            conn.execute(
+                "UPDATE logstore_sites SET credential = %s WHERE site = %s", (json.dumps(entry), site)
+            )
+            conn.execute(_BUMP)
+
+    def remove(self, site: str) -> None:
+        if not self._edit("DELETE FROM logstore_sites WHERE site = %s", (site,)):
+            raise UnknownSite(site)

@@ -1,0 +1,275 @@
+"""``PostgresStore``: the engine API (``logstore.Store``'s methods, site first) over PostgreSQL.
+
+Any number of servers may share one database: all state is in it (schema.py), and every call is one
+statement run in autocommit, so one batch is one transaction, committed before ``append`` returns:
+
+    append   one statement: upsert the conversation row (``next_seq += n``, ``last_appended_at =
+             greatest(last, now)``, refused past the item limit) and insert the batch's rows with the seqs
+             and the one ``recorded_at`` it returned. The row lock orders concurrent batches, so seqs are
+             gapless 0-based in commit order; the new ``last_appended_at`` never decreases.
+    recall   the last ``count`` rows by primary key, newest first, reversed
+    replay   ``seq >= offset`` by primary key, ``limit`` rows
+    list     the listing index ``(site, last_appended_at DESC, conversation_id)``, keyset from the cursor
+
+Validation (ids, items, limits) is the engine's own and runs before a connection is taken. Failures map to
+logstore's errors in pgerrors.py; serialization failures and deadlocks are retried there a bounded number
+of times. The clock is the database's (``statement_timestamp()``), so servers' clocks do not matter.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import msgspec
+import psycopg
+import psycopg_pool
+
+from ..core.arguments import list_args, recall_args, replay_args
+from ..core.batch import decode_item, prepare_batch
+from ..core.cursor import BEFORE_ALL, CursorCodec, CursorKey
+from ..core.errors import ConversationFull, Corrupted, Unavailable
+from ..core.ids import validate_conversation_id, validate_site
+from ..core.limits import DEFAULT_LIST_LIMIT, DEFAULT_RECALL_COUNT, MAX_CONVERSATION_ITEMS, MAX_READ_COUNT
+from ..core.models import (
+    ConversationListing,
+    ConversationSummary,
+    MemoryItem,
+    SeqRange,
+    datetime_to_micros,
+    micros_to_datetime,
+)
+from .pgerrors import (
+    SERIALIZATION_RETRIES,
+    is_serialization_failure,
+    is_stale_connection,
+    retry_delay,
+    translate,
+)
+from .schema import check_durability, check_schema
+
+__all__ = ["PostgresStore"]
+
+T = TypeVar("T")
+
+_APPEND = """
+WITH conv AS (
+    INSERT INTO logstore_conversations AS c (site, conversation_id, next_seq, created_at, last_appended_at)
+    SELECT %(site)s, %(cid)s, %(n)s, clock.t, clock.t
+    FROM (SELECT coalesce(%(now)s::timestamptz, statement_timestamp()) AS t) AS clock
+    ON CONFLICT (site, conversation_id) DO UPDATE
+        SET next_seq = c.next_seq + EXCLUDED.next_seq,
+            last_appended_at = greatest(c.last_appended_at, EXCLUDED.last_appended_at)
+        WHERE c.next_seq + EXCLUDED.next_seq <= %(max)s
+    RETURNING c.next_seq, c.last_appended_at
+), batch AS (
+    INSERT INTO logstore_items (site, conversation_id, seq, recorded_at, payload)
+    SELECT %(site)s, %(cid)s, conv.next_seq - %(n)s + item.ord - 1, conv.last_appended_at, item.payload
+    FROM conv, unnest(%(payloads)b::bytea[]) WITH ORDINALITY AS item(payload, ord)
+)
+SELECT next_seq FROM conv
+"""
+_STORED = "SELECT next_seq FROM logstore_conversations WHERE site = %s AND conversation_id = %s"
+_RECALL = """SELECT seq, recorded_at, payload FROM logstore_items
+WHERE site = %s AND conversation_id = %s ORDER BY seq DESC LIMIT %s"""
+_REPLAY = """SELECT seq, recorded_at, payload FROM logstore_items
+WHERE site = %s AND conversation_id = %s AND seq >= %s ORDER BY seq LIMIT %s"""
+_LIST_FIRST = """SELECT conversation_id, created_at, last_appended_at FROM logstore_conversations
+WHERE site = %s ORDER BY last_appended_at DESC, conversation_id LIMIT %s"""
+_LIST_AFTER = """SELECT conversation_id, created_at, last_appended_at FROM logstore_conversations
+WHERE site = %s AND last_appended_at <= %s AND (last_appended_at < %s OR conversation_id > %s)
+ORDER BY last_appended_at DESC, conversation_id LIMIT %s"""
+
+
+class PostgresStore:
+    """Thread-safe; one connection pool. ``lock_timeout``/``statement_timeout`` bound each statement
+    (-> ``Timeout``), ``pool_timeout`` bounds the wait for a connection (-> ``Unavailable``)."""
+
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        lock_timeout: float = 5.0,
+        statement_timeout: float = 30.0,
+        pool_size: int = 10,
+        pool_timeout: float = 5.0,
+        allow_async_commit: bool = False,
+    ) -> None:
+        self.conninfo = conninfo
+        self.lock_timeout = float(lock_timeout)
+        self._settings = {
+            "lock_timeout": f"{int(lock_timeout * 1000)}ms",
+            "statement_timeout": f"{int(statement_timeout * 1000)}ms",
+            "TimeZone": "UTC",  # timestamps come back as UTC datetimes (the models' convention)
+        }
+        # Test seam: microseconds since the epoch replacing the database clock for recorded_at (the
+        # contract suite steers it to check that recorded_at never decreases); None in production.
+        self.clock: Callable[[], int] | None = None
+        self._pool = psycopg_pool.ConnectionPool(
+            conninfo,
+            min_size=1,
+            max_size=max(1, pool_size),
+            timeout=pool_timeout,
+            kwargs={"autocommit": True},
+            configure=self._configure,
+            open=False,
+            name="logstore",
+        )
+        self._closed = False
+        self._guard = threading.Lock()
+        try:
+            self._pool.open(wait=True, timeout=pool_timeout)
+            with self._pool.connection() as conn:
+                key = check_schema(conn)
+                check_durability(conn, allow_async_commit=allow_async_commit)
+        except psycopg.Error as exc:
+            self._pool.close()
+            raise translate(exc, writing=False) or exc from exc
+        except BaseException:
+            self._pool.close()
+            raise
+        self._cursor_key = key
+
+    def _configure(self, conn: psycopg.Connection) -> None:
+        for name, value in self._settings.items():
+            conn.execute("SELECT set_config(%s, %s, false)", (name, value))
+
+    def __enter__(self) -> PostgresStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ public API
+    def append(self, site: str, conversation_id: str, items: Sequence[dict[str, Any]]) -> SeqRange:
+        """Append one batch atomically; returns its seq range once PostgreSQL has committed it."""
+        site = validate_site(site)
+        conversation_id = validate_conversation_id(conversation_id)
+        payloads = list(prepare_batch(items).items)
+        n = len(payloads)
+
+        def run(conn: psycopg.Connection) -> SeqRange:
+            now = None if self.clock is None else micros_to_datetime(self.clock())
+            params = {
+                "site": site,
+                "cid": conversation_id,
+                "n": n,
+                "now": now,
+                "max": MAX_CONVERSATION_ITEMS,
+                "payloads": payloads,
+            }
+            row = conn.execute(_APPEND, params).fetchone()
+            if row is None:  # the limit refused the update: nothing was written
+                stored = conn.execute(_STORED, (site, conversation_id)).fetchone()
+                count = stored[0] if stored else 0
+                raise ConversationFull(
+                    f"conversation holds {count} items; appending {n} would pass the limit of "
+                    f"{MAX_CONVERSATION_ITEMS}",
+                    stored=count,
+                    requested=n,
+                    limit=MAX_CONVERSATION_ITEMS,
+                )
+            return SeqRange(row[0] - n, row[0] - 1)
+
+        return self._run(run, writing=True)
+
+    def recall(self, site: str, conversation_id: str, count: int = DEFAULT_RECALL_COUNT) -> list[MemoryItem]:
+        """The last ``count`` items in ascending seq order (fewer if the log holds fewer)."""
+        site, conversation_id, count = recall_args(site, conversation_id, count)
+        if count == 0:
+            self._check_open()
+            return []
+        rows = self._read(_RECALL, (site, conversation_id, count))
+        rows.reverse()
+        return self._items(site, conversation_id, rows)
+
+    def replay(
+        self, site: str, conversation_id: str, offset: int = 0, limit: int = MAX_READ_COUNT
+    ) -> list[MemoryItem]:
+        """Up to ``limit`` items from seq ``offset`` on; a short page means the end of the log."""
+        site, conversation_id, offset, limit = replay_args(site, conversation_id, offset, limit)
+        if limit == 0 or offset >= MAX_CONVERSATION_ITEMS:
+            self._check_open()
+            return []
+        return self._items(site, conversation_id, self._read(_REPLAY, (site, conversation_id, offset, limit)))
+
+    def list_conversations(
+        self, site: str, cursor: str | None = None, limit: int = DEFAULT_LIST_LIMIT
+    ) -> ConversationListing:
+        """One page of the site's conversations, most recently appended first (keyset pagination)."""
+        site, cursor, limit = list_args(site, cursor, limit)
+        codec = CursorCodec(self._cursor_key, site)
+        position = None if cursor is None else codec.decode(cursor)
+        if position is None or position.last_appended_at >= BEFORE_ALL:
+            rows = self._read(_LIST_FIRST, (site, limit + 1))
+        else:
+            at = micros_to_datetime(position.last_appended_at)
+            rows = self._read(_LIST_AFTER, (site, at, at, position.conversation_id, limit + 1))
+        page = [ConversationSummary(cid, created, last) for cid, created, last in rows[:limit]]
+        last_key = None
+        if page:
+            last_key = CursorKey(datetime_to_micros(page[-1].last_appended_at), page[-1].conversation_id)
+        return ConversationListing(page, codec.next_cursor(cursor, last_key, has_more=len(rows) > limit))
+
+    def close(self) -> None:
+        with self._guard:
+            if self._closed:
+                return
+            self._closed = True
+        self._pool.close()
+
+    # ------------------------------------------------------------------ internals
+    def _check_open(self) -> None:
+        if self._closed:
+            raise Unavailable("store is closed")
+
+    def _read(self, query: str, params: tuple[object, ...]) -> list[tuple[Any, ...]]:
+        def run(conn: psycopg.Connection) -> list[tuple[Any, ...]]:
+            return conn.cursor(binary=True).execute(query, params).fetchall()
+
+        return self._run(run, writing=False)
+
+    def _run(self, work: Callable[[psycopg.Connection], T], *, writing: bool) -> T:
+        """``work`` on a pooled connection; errors translated; serialization failures retried, and a
+        connection found dead retried once (pgerrors.py says when that is safe)."""
+        deadline = time.monotonic() + self.lock_timeout
+        reconnected = False
+        for attempt in range(SERIALIZATION_RETRIES + 1):
+            self._check_open()
+            try:
+                with self._pool.connection() as conn:
+                    return work(conn)
+            except psycopg.Error as exc:
+                if (
+                    is_serialization_failure(exc)
+                    and attempt < SERIALIZATION_RETRIES
+                    and time.monotonic() < deadline
+                ):
+                    time.sleep(retry_delay(attempt))
+                    continue
+                if not reconnected and is_stale_connection(exc, writing=writing):
+                    reconnected = True  # the pool dropped the broken connection; take another
+                    continue
+                if self._closed:
+                    raise Unavailable("store is closed") from exc
+                error = translate(exc, writing=writing)
+                if error is None:
+                    raise
+                raise error from exc
+        raise AssertionError("unreachable")
+
+    @staticmethod
+    def _items(site: str, conversation_id: str, rows: list[tuple[Any, ...]]) -> list[MemoryItem]:
+        out = []
+        for seq, recorded_at, payload in rows:
+            try:
+                out.append(MemoryItem(seq, recorded_at, decode_item(payload, seq=seq)))  # or Unreadable
+            except msgspec.DecodeError as exc:  # only this backend writes the table, always valid JSON
+                raise Corrupted(
+                    f"stored item {seq} of {site}/{conversation_id} is not JSON",
+                    path=f"logstore_items/{site}/{conversation_id}",
+                    offset=seq,
+                ) from exc
+        return out
