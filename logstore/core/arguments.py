@@ -1,25 +1,19 @@
-"""Validation of every call's arguments, shared by every backend (the batch's own rules are in batch.py):
-each returns the validated values or raises the spec's error, before any storage is touched."""
+"""Validation of the read calls' arguments, shared by every backend (the append batch's rules are in
+batch.py): each returns the validated values or raises the spec's error, before any storage is touched."""
 
 from __future__ import annotations
 
-from .batch import PreparedBatch, prepare_batch
 from .errors import InvalidArgument
 from .ids import validate_conversation_id, validate_site
 from .limits import MAX_READ_COUNT
 
-__all__ = ["check_count", "append_args", "recall_args", "replay_args", "list_args"]
+__all__ = ["check_count", "recall_args", "replay_args", "list_args"]
 
 
 def check_count(name: str, value: object, maximum: int = MAX_READ_COUNT) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= maximum:
         raise InvalidArgument(f"{name} must be an integer from 0 to {maximum}, got {value!r}", field=name)
     return value
-
-
-def append_args(site: object, conversation_id: object, items: object) -> tuple[str, str, PreparedBatch]:
-    site, conversation_id = validate_site(site), validate_conversation_id(conversation_id)
-    return site, conversation_id, prepare_batch(items)  # type: ignore[arg-type]  # it checks the type
 
 
 def recall_args(site: object, conversation_id: object, count: object) -> tuple[str, str, int]:

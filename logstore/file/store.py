@@ -15,8 +15,10 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from ..core.arguments import append_args, list_args, recall_args, replay_args
+from ..core.arguments import list_args, recall_args, replay_args
+from ..core.batch import prepare_batch
 from ..core.errors import Io, Unavailable
+from ..core.ids import validate_conversation_id, validate_site
 from ..core.limits import DEFAULT_LIST_LIMIT, DEFAULT_RECALL_COUNT, MAX_READ_COUNT
 from ..core.models import ConversationListing, MemoryItem, SeqRange
 from . import layout
@@ -61,7 +63,9 @@ class Store:
     # ------------------------------------------------------------------ public API
     def append(self, site: str, conversation_id: str, items: Sequence[dict[str, Any]]) -> SeqRange:
         """Append one batch atomically; returns its seq range once it is durable (fdatasynced)."""
-        site, conversation_id, batch = append_args(site, conversation_id, items)
+        site = validate_site(site)
+        conversation_id = validate_conversation_id(conversation_id)
+        batch = prepare_batch(items)
         request = AppendRequest(encode_items(batch.items), batch.count)
         with self._conversation(site, conversation_id) as conv:
             return conv.append(request)

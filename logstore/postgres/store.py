@@ -27,10 +27,11 @@ import msgspec
 import psycopg
 import psycopg_pool
 
-from ..core.arguments import append_args, list_args, recall_args, replay_args
-from ..core.batch import decode_item
+from ..core.arguments import list_args, recall_args, replay_args
+from ..core.batch import decode_item, prepare_batch
 from ..core.cursor import BEFORE_ALL, CursorCodec, CursorKey
 from ..core.errors import ConversationFull, Corrupted, Unavailable
+from ..core.ids import validate_conversation_id, validate_site
 from ..core.limits import DEFAULT_LIST_LIMIT, DEFAULT_RECALL_COUNT, MAX_CONVERSATION_ITEMS, MAX_READ_COUNT
 from ..core.models import (
     ConversationListing,
@@ -144,8 +145,9 @@ class PostgresStore:
     # ------------------------------------------------------------------ public API
     def append(self, site: str, conversation_id: str, items: Sequence[dict[str, Any]]) -> SeqRange:
         """Append one batch atomically; returns its seq range once PostgreSQL has committed it."""
-        site, conversation_id, batch = append_args(site, conversation_id, items)
-        payloads = list(batch.items)
+        site = validate_site(site)
+        conversation_id = validate_conversation_id(conversation_id)
+        payloads = list(prepare_batch(items).items)
         n = len(payloads)
 
         def run(conn: psycopg.Connection) -> SeqRange:
