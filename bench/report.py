@@ -13,7 +13,15 @@ from typing import Any
 
 from .stats import Figure, Goal, Row, cpu_count
 
-__all__ = ["format_table", "format_figure", "write_json", "write_plot", "environment", "load_json"]
+__all__ = [
+    "draw_goal_rows",
+    "environment",
+    "format_figure",
+    "format_table",
+    "load_json",
+    "write_json",
+    "write_plot",
+]
 
 
 def _num(x: float) -> str:
@@ -140,8 +148,51 @@ def load_json(path: str) -> tuple[dict[str, Any], list[Row]]:
     return doc, rows
 
 
+def _judged_unit(row: Row) -> str:
+    return (
+        f"x {row.baseline_name}"
+        if row.ratio is not None and row.baseline_name
+        else ("x baseline" if row.ratio is not None else row.unit)
+    )
+
+
+def draw_goal_rows(fig: Any, cells: Sequence[Any], rows: Sequence[Row]) -> list[Any]:
+    """One axis per goal row, in the row's own unit: the measured median (dot) with its min-max whisker,
+    and that row's goal as a vertical line at its target (the side that meets it shaded). Returns the
+    axes (one per row, in order)."""
+    axes = []
+    for cell, r in zip(cells, rows, strict=True):
+        j, goal = r.judged, r.goal
+        assert j is not None and goal is not None
+        ax = fig.add_subplot(cell)
+        ax.errorbar([j.median], [0], xerr=[[j.median - j.lo], [j.hi - j.median]], fmt="none", ecolor="gray")
+        ax.scatter([j.median], [0], c="tab:green" if r.met else "tab:red", s=40, zorder=3)
+        ax.axvline(goal.target, color="black", linestyle="--", linewidth=1.2, label="goal")
+        values = [v for v in (j.lo, j.hi, goal.target) if v > 0]
+        log = bool(values) and max(values) / min(values) > 20
+        lo, hi = min(j.lo, goal.target), max(j.hi, goal.target)
+        pad = (hi - lo) * 0.15 or abs(hi) * 0.1 or 1.0
+        left, right = (min(values) / 2, max(values) * 2) if log else (lo - pad, hi + pad)
+        if log:
+            ax.set_xscale("log")
+        ax.set_xlim(left, right)
+        if goal.op == ">=":
+            ax.axvspan(goal.target, right, color="tab:green", alpha=0.08)
+        else:
+            ax.axvspan(left, goal.target, color="tab:green", alpha=0.08)
+        ax.set_yticks([])
+        ax.tick_params(axis="x", labelsize=7)
+        ax.set_title(
+            f"{r.id} {r.measure[:70]}  (goal {goal.op} {_num(goal.target)} {_judged_unit(r)})",
+            fontsize=7,
+            loc="left",
+        )
+        axes.append(ax)
+    return axes
+
+
 def write_plot(path: str, rows: Sequence[Row]) -> bool:
-    """Goal attainment (value over goal, 1.0 = goal met exactly) and the sweep. False if no matplotlib."""
+    """Each goal row against its own goal line (in the row's unit), and the sweep. False if no matplotlib."""
     try:
         import matplotlib
 
@@ -151,31 +202,11 @@ def write_plot(path: str, rows: Sequence[Row]) -> bool:
         return False
     goals = [r for r in rows if r.goal is not None and r.judged is not None and r.judged.samples]
     sweep = [r for r in rows if r.id.startswith("S-") and r.value is not None]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, max(4, 0.45 * len(goals) + 1.5)))
-    labels, mids, los, his, colors = [], [], [], [], []
-    for r in goals:
-        j = r.judged
-        assert j is not None and r.goal is not None
-        scale = (
-            (lambda x, t=r.goal.target: x / t) if r.goal.op == ">=" else (lambda x, t=r.goal.target: t / x)
-        )
-        m, a, b = scale(j.median), scale(j.lo), scale(j.hi)
-        labels.append(f"{r.id} {r.measure[:64]}")
-        mids.append(m)
-        los.append(max(0.0, m - min(a, b)))
-        his.append(max(0.0, max(a, b) - m))
-        colors.append("tab:green" if r.met else "tab:red")
-    ypos = list(range(len(goals)))[::-1]
-    clip = [min(max(m, 0.05), 50.0) for m in mids]
-    ax1.errorbar(clip, ypos, xerr=[los, his], fmt="none", ecolor="gray", capsize=3)
-    ax1.scatter(clip, ypos, c=colors, s=40, zorder=3)
-    ax1.set_xscale("log")
-    ax1.set_xlim(0.05, 50)
-    ax1.axvline(1.0, color="black", linestyle="--", linewidth=1)
-    ax1.set_yticks(ypos, labels, fontsize=7)
-    ax1.set_xlabel("goal attainment, log scale (>= 1 meets the goal; dot: median, whiskers: min-max)")
-    ax1.set_title("Goals, each measured against its goal")
+    fig = plt.figure(figsize=(14, max(4.0, 0.75 * len(goals) + 1.5)))
+    grid = fig.add_gridspec(max(1, len(goals)), 2, width_ratios=[1.3, 1], hspace=1.4)
+    draw_goal_rows(fig, [grid[i, 0] for i in range(len(goals))], goals)
     if sweep:
+        ax2 = fig.add_subplot(grid[:, 1])
         names = [f"b{r.extra['batch']} x {r.extra['item_size']}B" for r in sweep]
         ratios = [r.ratio.median if r.ratio else 0 for r in sweep]
         mbs = [r.extra["payload_mb_s"]["median"] for r in sweep]
@@ -187,8 +218,8 @@ def write_plot(path: str, rows: Sequence[Row]) -> bool:
         twin.plot(range(len(sweep)), mbs, "o-", color="tab:orange", label="payload MB/s")
         twin.set_ylabel("payload MB/s (engine)")
         ax2.set_title("Batch / item size sweep (1 writer)")
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.suptitle("Goals: each row in its own unit; dashed line = that row's goal, shaded side meets it")
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return True

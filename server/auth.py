@@ -20,7 +20,7 @@ import binascii
 import hashlib
 import logging
 import time
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import anyio
@@ -166,9 +166,18 @@ def _parse_basic(authorization: bytes) -> tuple[str, str] | None:
 class BasicAuthMiddleware:
     """Admits a request only with valid Basic credentials; everything else gets 401 + WWW-Authenticate."""
 
-    def __init__(self, app: ASGIApp, authenticator: Authenticator, realm: str = "logstore") -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        authenticator: Authenticator,
+        realm: str = "logstore",
+        *,
+        on_failure: Callable[[str], None] | None = None,
+    ) -> None:
         self.app = app
         self.authenticator = authenticator
+        # Hears the kind of each rejection (server.metrics.AUTH_FAILURE_KINDS).
+        self._on_failure = on_failure or (lambda kind: None)
         self._challenge = f'Basic realm="{realm}", charset="UTF-8"'.encode("ascii")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -177,11 +186,14 @@ class BasicAuthMiddleware:
             return
         header = next((v for k, v in scope["headers"] if k == b"authorization"), None)
         if header is None:
+            self._on_failure("missing")
             await self._reject(
                 send, "authentication required: use HTTP Basic with the site name and password"
             )
             return
         scheme = header.partition(b" ")[0].lower()
+        if scheme != b"basic":
+            self._on_failure("scheme")
         if scheme == b"bearer":
             await self._reject(
                 send,
@@ -198,6 +210,7 @@ class BasicAuthMiddleware:
         try:
             user = await self.authenticator.authenticate(header, client)
         except AuthThrottled as exc:
+            self._on_failure("throttled")
             log.warning("throttling authentication from %s: too many failures", client)
             # Answering at once would let a flooding client loop as fast as the server can say 429.
             await anyio.sleep(THROTTLE_DELAY)
@@ -205,11 +218,13 @@ class BasicAuthMiddleware:
             await json_error(send, 429, "TooManyRequests", str(exc), headers=retry)
             return
         except AuthShed:
+            self._on_failure("shed")
             log.warning("shedding an authentication: the verification queue is full")
             message = "server busy verifying credentials; retry shortly"
             await json_error(send, 503, "Unavailable", message, headers=[(b"retry-after", b"1")])
             return
         if user is None:
+            self._on_failure("invalid")
             await self._reject(send, "invalid site or password")
             return
         scope = {**scope, "user": user, "auth": AuthCredentials([])}

@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 
 from logstore.core.factory import file_url, parse_store_url
 
+from .access_log import LOG_FORMATS
 from .http_limits import HttpLimits
 
 __all__ = ["ServeConfig", "ENV_VARS"]
@@ -33,6 +34,11 @@ ENV_VARS = {
     "threads": "LOGSTORE_THREADS",
     "stateless": "LOGSTORE_STATELESS",
     "log_level": "LOGSTORE_LOG_LEVEL",
+    "log_format": "LOGSTORE_LOG_FORMAT",
+    "access_log": "LOGSTORE_ACCESS_LOG",
+    "metrics": "LOGSTORE_METRICS",
+    "metrics_token": "LOGSTORE_METRICS_TOKEN",
+    "metrics_bind": "LOGSTORE_METRICS_BIND",
 }
 # The hostile-client limits (server/http_limits.py, docs/SECURITY.md): LOGSTORE_<FIELD NAME>.
 _LIMIT_FIELDS = tuple(f.name for f in fields(HttpLimits))
@@ -57,6 +63,11 @@ class ServeConfig:
     threads: int = 32  # worker threads for blocking store calls (concurrent appends group-commit)
     stateless: bool | None = None  # None: stateless exactly when workers > 1
     log_level: str = "info"
+    log_format: str = "text"  # text | json (server.access_log)
+    access_log: bool = True  # one INFO line per tool call on the logger logstore.access
+    metrics: bool = True  # count tool calls, engine figures, auth failures; serve them at /metrics
+    metrics_token: str | None = None  # GET /metrics requires "Authorization: Bearer <token>"
+    metrics_bind: str | None = None  # host:port serving /metrics instead of the main port
     # Limits against hostile clients; defaults live in HttpLimits.
     max_connections: int = _LIMITS.max_connections
     header_timeout: float = _LIMITS.header_timeout
@@ -103,8 +114,22 @@ class ServeConfig:
             raise ValueError("--ssl-certfile and --ssl-keyfile go together")
         if self.stateless is False and self.workers > 1:
             raise ValueError("several workers need stateless serving (sessions live in one process)")
+        if self.log_format not in LOG_FORMATS:
+            raise ValueError(f"log format must be one of {', '.join(LOG_FORMATS)}, got {self.log_format!r}")
+        if self.metrics_bind is not None:
+            self.metrics_address  # noqa: B018 - raises ValueError for a malformed host:port
         self.http_limits.validate()
         return self
+
+    @property
+    def metrics_address(self) -> tuple[str, int] | None:
+        """``metrics_bind`` as (host, port); IPv6 hosts in brackets: ``[::1]:9100``."""
+        if self.metrics_bind is None:
+            return None
+        host, sep, port = self.metrics_bind.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+            raise ValueError(f"metrics bind must be HOST:PORT, got {self.metrics_bind!r}")
+        return host.strip("[]"), int(port)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> ServeConfig:

@@ -1,4 +1,5 @@
-"""The ASGI application: streamable HTTP MCP at ``/mcp`` behind Basic auth, plus ``GET /healthz``.
+"""The ASGI application: streamable HTTP MCP at ``/mcp`` behind Basic auth, ``GET /healthz`` and
+``GET /metrics`` (``server.metrics``).
 
 One ``StreamableHTTPSessionManager`` serves both protocol eras: requests carrying a 2026-07-28
 ``MCP-Protocol-Version`` go to the SDK's stateless single-exchange path, and the legacy 2025-11-25
@@ -27,16 +28,20 @@ from mcp.server.transport_security import TransportSecuritySettings
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from logstore.core import observe
 from logstore.core.registry import SiteRegistry
 
+from .access_log import ToolCall, log_call
 from .auth import Authenticator, BasicAuthMiddleware, site_of_scope
 from .handlers import StoreLike
 from .http_limits import MAX_REQUEST_BODY, HttpLimits
 from .log_guard import install_log_guard
 from .mcp_app import ToolBinding, build_mcp_server, server_version, spec_bindings
+from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from .metrics import ServerMetrics, scrape, token_ok
 from .request_guard import BodyGuard, HeaderGuard
 from .sessions import SitedSessionManager
 
@@ -77,12 +82,33 @@ def build_http_app(
     bindings_factory: Callable[[StoreLike], Mapping[str, ToolBinding]] = spec_bindings,
     close_store: bool = True,
     limits: HttpLimits | None = None,
+    metrics: ServerMetrics | None = None,
+    collect_metrics: bool = True,
+    metrics_endpoint: bool = True,
+    metrics_token: str | None = None,
 ) -> Starlette:
     """The whole server as one ASGI app; clients authenticate against ``registry``. ``store`` is closed
-    when the app shuts down (if ``close_store``)."""
+    when the app shuts down (if ``close_store``).
+
+    ``metrics`` (a fresh ``ServerMetrics`` if None) counts every tool call and authentication failure and
+    observes the engine while the app runs, unless ``collect_metrics`` is False (``--no-metrics``);
+    ``GET /metrics`` serves it unless ``metrics_endpoint`` is False (``--metrics-bind`` serves it
+    elsewhere), behind ``Bearer metrics_token`` when one is set."""
     limits = (limits if limits is not None else HttpLimits()).validate()
     limiter = anyio.CapacityLimiter(threads)
-    mcp_server = build_mcp_server(bindings_factory(store), site_of=site_of_request, limiter=limiter)
+    if collect_metrics:
+        metrics = metrics if metrics is not None else ServerMetrics()
+        tool_metrics = metrics.tool_call
+
+        def on_call(call: ToolCall) -> None:
+            tool_metrics(call)
+            log_call(call)
+
+    else:
+        metrics, on_call = None, log_call
+    mcp_server = build_mcp_server(
+        bindings_factory(store), site_of=site_of_request, limiter=limiter, on_call=on_call
+    )
     manager = SitedSessionManager(
         app=mcp_server,
         json_response=True,  # one JSON body per call: no server-to-client requests are ever needed
@@ -92,15 +118,32 @@ def build_http_app(
         limits=limits,
     )
     authenticator = Authenticator(registry, limits=limits)
-    mcp_endpoint = BasicAuthMiddleware(BodyGuard(StreamableHTTPASGIApp(manager), limits), authenticator)
+    mcp_endpoint = BasicAuthMiddleware(
+        BodyGuard(StreamableHTTPASGIApp(manager), limits),
+        authenticator,
+        on_failure=metrics.auth_failure if metrics is not None else None,
+    )
 
     async def healthz(request: Request) -> JSONResponse:
         # Liveness only: no credentials needed and nothing about sites or data is revealed.
         return JSONResponse({"status": "ok", "version": server_version()})
 
+    async def metrics_page(request: Request) -> Response:
+        if not token_ok(metrics_token, request.headers.get("authorization")):
+            return JSONResponse(
+                {"error": {"code": "Unauthorized", "message": "/metrics needs its Bearer token"}},
+                status_code=401,
+                headers={"www-authenticate": 'Bearer realm="metrics"'},
+            )
+        # Reading every worker's file is disk I/O: off the event loop.
+        assert metrics is not None
+        body = await anyio.to_thread.run_sync(scrape, metrics.registry)
+        return Response(body, media_type=METRICS_CONTENT_TYPE)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         install_log_guard()  # here, because uvicorn configures logging (per worker process) before this
+        previous_observer = observe.set_observer(metrics) if metrics is not None else observe.current()
         try:
             async with manager.run():
                 yield
@@ -109,11 +152,17 @@ def build_http_app(
                 # By now uvicorn has drained in-flight requests and the manager's task group has waited
                 # for tool calls' worker threads (they are not abandoned on cancel), so nothing is mid-append.
                 await anyio.to_thread.run_sync(store.close)
+            observe.set_observer(previous_observer)
 
     return Starlette(
         routes=[
             Route("/mcp", endpoint=mcp_endpoint),
             Route("/healthz", endpoint=healthz, methods=["GET"]),
+            *(
+                [Route("/metrics", endpoint=metrics_page, methods=["GET"])]
+                if metrics is not None and metrics_endpoint
+                else []
+            ),
         ],
         middleware=[Middleware(HeaderGuard, limits=limits)],
         lifespan=lifespan,

@@ -9,6 +9,7 @@ one ``CapacityLimiter`` so the event loop never waits on an fsync, and every fai
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
@@ -22,9 +23,10 @@ import msgspec
 from mcp.server import Server
 from mcp.server.context import ServerRequestContext
 
+from .access_log import UNKNOWN_TOOL, ToolCall
 from .handlers import SPEC_HANDLERS, Handler, StoreLike
 from .spec_tools import ToolDef, load_tools
-from .tool_errors import UnknownTool, error_result
+from .tool_errors import UnknownTool, body_result, error_body
 from .validation import ArgumentValidator
 
 __all__ = ["ToolBinding", "SiteResolver", "spec_bindings", "build_mcp_server", "server_version"]
@@ -74,6 +76,18 @@ def _run(binding: ToolBinding, site: str, args: dict[str, Any]) -> types.CallToo
     return _success(binding.run(site, args))
 
 
+def _item_count(arguments: Any, output: dict[str, Any] | None) -> int:
+    """Items a call returned (reads, listing) or appended; for a failed call, the items it carried."""
+    if output is not None:
+        for key in ("items", "conversations"):
+            if isinstance(output.get(key), list):
+                return len(output[key])
+        if "first_seq" in output and "last_seq" in output:
+            return int(output["last_seq"]) - int(output["first_seq"]) + 1
+    items = arguments.get("items") if isinstance(arguments, dict) else None
+    return len(items) if isinstance(items, list) else 0
+
+
 def build_mcp_server(
     bindings: Mapping[str, ToolBinding],
     *,
@@ -81,8 +95,10 @@ def build_mcp_server(
     limiter: anyio.CapacityLimiter,
     name: str = "logstore",
     instructions: str | None = None,
+    on_call: Callable[[ToolCall], None] | None = None,
 ) -> Server[Any]:
-    """A low-level MCP server whose tools are exactly ``bindings`` (in their order)."""
+    """A low-level MCP server whose tools are exactly ``bindings`` (in their order); ``on_call`` hears
+    about every finished call (metrics, access log: ``server.access_log``)."""
     bindings = dict(bindings)
     listing = types.ListToolsResult(
         tools=[types.Tool.model_validate(b.tool.as_json()) for b in bindings.values()]
@@ -96,17 +112,34 @@ def build_mcp_server(
     async def call_tool(
         ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
+        started = time.perf_counter()
         binding = bindings.get(params.name)
+        site: str | None = None
         try:
             if binding is None:
                 raise UnknownTool(f"unknown tool; this server serves: {', '.join(bindings)}")
             site = site_of(ctx)
             args = binding.validate(params.arguments)
             if binding.blocking:
-                return await anyio.to_thread.run_sync(_run, binding, site, args, limiter=limiter)
-            return _run(binding, site, args)
+                result = await anyio.to_thread.run_sync(_run, binding, site, args, limiter=limiter)
+            else:
+                result = _run(binding, site, args)
+            code = "ok"
         except Exception as exc:  # the one funnel: every failure becomes a structured tool error
-            return error_result(exc, tool=params.name if binding is not None else None)
+            body = error_body(exc, tool=params.name if binding is not None else None)
+            code = body["error"]["code"]
+            result = body_result(body)
+        if on_call is not None:
+            on_call(
+                ToolCall(
+                    site=site,
+                    tool=binding.tool.name if binding is not None else UNKNOWN_TOOL,
+                    code=code,
+                    items=_item_count(params.arguments, result.structured_content if code == "ok" else None),
+                    seconds=time.perf_counter() - started,
+                )
+            )
+        return result
 
     def input_schema(tool_name: str) -> Mapping[str, Any] | None:
         binding = bindings.get(tool_name)

@@ -33,7 +33,7 @@ import mcp_types as types
 
 from logstore.core import errors
 
-__all__ = ["UnknownTool", "error_body", "error_result"]
+__all__ = ["UnknownTool", "body_result", "error_body", "error_result"]
 
 log = logging.getLogger("logstore.server")
 
@@ -76,7 +76,11 @@ def error_body(exc: BaseException, *, tool: str | None = None) -> dict[str, Any]
 
 
 def error_result(exc: BaseException, *, tool: str | None = None) -> types.CallToolResult:
-    body = error_body(exc, tool=tool)
+    return body_result(error_body(exc, tool=tool))
+
+
+def body_result(body: dict[str, Any]) -> types.CallToolResult:
+    """The ``CallToolResult`` carrying an ``error_body`` (callers that also need its code map once)."""
     return types.CallToolResult(
         content=[
             types.TextContent(type="text", text=json.dumps(body, ensure_ascii=False, separators=(",", ":")))

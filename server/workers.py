@@ -147,8 +147,10 @@ class Supervisor:
         target: Callable[[socket.socket], None],
         *,
         shutdown_timeout: float,
+        on_exit: Callable[[int], None] | None = None,
     ) -> None:
         self._listener = listener
+        self._on_worker_exit = on_exit  # hears each exited worker's pid (metrics: server.metrics.mark_dead)
         self._count = count
         self._target = target
         self._shutdown_timeout = shutdown_timeout
@@ -206,6 +208,8 @@ class Supervisor:
         self._selector.unregister(worker.process.sentinel)
         self._close_channel(worker)
         self._workers.remove(worker)
+        if self._on_worker_exit is not None and worker.process.pid is not None:
+            self._on_worker_exit(worker.process.pid)
         code = worker.process.exitcode
         if self._stopping:
             return

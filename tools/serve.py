@@ -70,6 +70,33 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument(
         "--log-level", choices=["debug", "info", "warning", "error"], help="env LOGSTORE_LOG_LEVEL"
     )
+    p.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        help="log lines as text or one JSON object each (env LOGSTORE_LOG_FORMAT; default text)",
+    )
+    p.add_argument(
+        "--access-log",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="one INFO line per tool call, logger logstore.access (env LOGSTORE_ACCESS_LOG; default on)",
+    )
+    p.add_argument(
+        "--metrics",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="count calls and engine figures, serve GET /metrics (env LOGSTORE_METRICS; default on)",
+    )
+    p.add_argument(
+        "--metrics-token",
+        help="GET /metrics requires 'Authorization: Bearer TOKEN' (env LOGSTORE_METRICS_TOKEN, which "
+        "keeps the token out of the process list; default: no token)",
+    )
+    p.add_argument(
+        "--metrics-bind",
+        metavar="HOST:PORT",
+        help="serve /metrics on this address instead of the main port (env LOGSTORE_METRICS_BIND)",
+    )
     # The limits operators size to their deployment; every other limit has only its LOGSTORE_* variable
     # (docs/SECURITY.md lists them all).
     p.add_argument(
@@ -218,6 +245,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
             threads=args.threads,
             stateless=args.stateless,
             log_level=args.log_level,
+            log_format=args.log_format,
+            access_log=args.access_log,
+            metrics=args.metrics,
+            metrics_token=args.metrics_token,
+            metrics_bind=args.metrics_bind,
             max_connections=args.max_connections,
             max_sessions=args.max_sessions,
             max_sessions_per_site=args.max_sessions_per_site,
@@ -229,12 +261,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"logstore serve: {exc}", file=sys.stderr)
         return 2
 
-    # Logs go to stderr in both modes; in stdio mode stdout carries the protocol.
-    logging.basicConfig(
-        stream=sys.stderr, level=config.log_level.upper(), format="%(levelname)s %(name)s: %(message)s"
-    )
-
+    from server.access_log import configure_logging
     from server.runtime import run_http, run_stdio
+
+    # Logs go to stderr in both modes; in stdio mode stdout carries the protocol.
+    configure_logging(config.log_level, log_format=config.log_format, access_log=config.access_log)
 
     if config.stdio:
         run_stdio(config)

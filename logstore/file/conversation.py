@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 import msgspec
 
+from ..core import observe
 from ..core.batch import decode_item
 from ..core.errors import ConversationFull, Corrupted, Io, Unavailable
 from ..core.limits import MAX_CONVERSATION_ITEMS
@@ -477,7 +478,9 @@ class ConversationLog:
             return
         try:
             self.ops.pwrite(self._log_fd, b"".join(frames) if len(frames) > 1 else frames[0], write_start)
+            synced_at = time.perf_counter()
             self.ops.fdatasync(self._log_fd)
+            fsync_seconds = time.perf_counter() - synced_at
             if write_start == 0:
                 # First frame: the log's own directory entry must be durable before anything in it is
                 # acknowledged. Done here rather than at creation so that a failed directory fsync is
@@ -505,6 +508,9 @@ class ConversationLog:
         self._write_index()
         for req, _, first in accepted:
             req.result, req.done = SeqRange(first, first + req.count - 1), True
+        observer = observe.current()
+        if observer is not None:
+            observer.commit(requests=len(accepted), nbytes=offset - write_start, fsync_seconds=fsync_seconds)
         if self._on_commit is not None:
             assert self._created_at is not None
             self._on_commit(CommitInfo(self.conversation_id, self._created_at, recorded_at, offset, seq))

@@ -15,6 +15,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from ..core import observe
 from ..core.arguments import list_args, recall_args, replay_args
 from ..core.batch import prepare_batch
 from ..core.errors import Io, Unavailable
@@ -99,6 +100,7 @@ class Store:
             handles = list(self._handles.values())
             self._handles.clear()
             manifests = list(self._manifests.values())
+        _report_open(-len(handles))
         for conv in handles:
             conv.sync_index()
             conv.close()
@@ -144,6 +146,7 @@ class Store:
             if self._closed:
                 raise Unavailable("store is closed")
             conv = self._handles.get(key)
+            opened = conv is None
             if conv is None:
                 conv = self._open_conversation(manifest, site, conversation_id)
                 self._handles[key] = conv
@@ -151,6 +154,7 @@ class Store:
                 self._handles.move_to_end(key)
             self._users[key] = self._users.get(key, 0) + 1
             evict = self._pick_evictions()
+        _report_open(int(opened) - len(evict))
         for victim in evict:
             victim.close()
         try:
@@ -186,3 +190,9 @@ class Store:
                 victims.append(self._handles.pop(key))
                 excess -= 1
         return victims
+
+
+def _report_open(delta: int) -> None:
+    observer = observe.current()
+    if delta and observer is not None:
+        observer.conversations_opened(delta)
