@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import pytest
+import matplotlib  # in the test extra (via [bench]): the plot test never skips
 
 from bench.report import draw_goal_rows, write_plot
 from bench.stats import Goal, Row, fig
 
-matplotlib = pytest.importorskip("matplotlib")  # the [bench] extra; the plot is skipped without it
 matplotlib.use("Agg")
 
 
