@@ -17,6 +17,8 @@ from filelock import FileLock
 
 from logstore.core.limits import MAX_PAYLOAD_DEPTH
 from logstore.file.credentials import CredentialsFile
+from logstore.postgres.registry import PostgresRegistry
+from tests.postgres_support import fresh_url
 from tests.server_support import REPO, serve
 
 TS_DIR = REPO / "tests" / "ts_client"
@@ -45,10 +47,17 @@ def ensure_installed() -> None:
         stamp.touch()
 
 
-def test_typescript_sdk_calls_all_four_tools(tmp_path):
+@pytest.mark.parametrize("backend", ["file", "postgres"])
+def test_typescript_sdk_calls_all_four_tools(tmp_path, backend, request):
+    """The same client, the same assertions, over both backends: the server serves them alike."""
     ensure_installed()
-    CredentialsFile(str(tmp_path)).add("alpha", "alpha pw: with colon")
-    with serve(tmp_path) as server:
+    store = None
+    if backend == "postgres":
+        store = fresh_url(request.getfixturevalue("postgres_server"))
+        PostgresRegistry(store).add("alpha", "alpha pw: with colon")
+    else:
+        CredentialsFile(str(tmp_path)).add("alpha", "alpha pw: with colon")
+    with serve(tmp_path, store=store) as server:
         ran = subprocess.run(
             [NODE, "client.mjs", server.url, "alpha", "alpha pw: with colon", str(MAX_PAYLOAD_DEPTH)],
             cwd=TS_DIR,
