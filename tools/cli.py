@@ -38,6 +38,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "tools.erase",  # logstore conversation delete (site remove --purge is in tools.sites)
     "tools.backup",  # logstore backup|restore
     "tools.db",  # logstore db migrate|status (PostgreSQL stores)
+    "tools.migrate",  # logstore migrate --from URL --to URL
 )
 
 EXIT_FAILURE = 1  # the operation failed (unknown site, port in use, data dir unusable, ...)
