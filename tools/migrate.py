@@ -42,9 +42,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    from logstore.core.errors import InvalidArgument, LogstoreError
+    from logstore.core.errors import InvalidArgument
     from logstore.core.factory import parse_store_url
     from logstore.migrate import MigrationConflict, MigrationMismatch, migrate
+    from logstore.migrate.readers import storage_errors
 
     from .cli import EXIT_FAILURE, EXIT_USAGE
 
@@ -67,13 +68,9 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     except InvalidArgument as exc:
         say(str(exc))
         return EXIT_USAGE
-    except (LogstoreError, OSError) as exc:
-        say(f"{exc} (nothing half-copied: run the same command again to resume)")
-        return EXIT_FAILURE
-    except Exception as exc:  # psycopg errors and a refused schema, without importing psycopg here
-        if type(exc).__module__.split(".")[0] not in ("psycopg", "psycopg_pool", "logstore"):
-            raise
-        say(f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}")
+    except storage_errors() as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        say(f"{first} (nothing is half-copied: run the same command again to resume)")
         return EXIT_FAILURE
     seconds = time.monotonic() - started
     fields = {

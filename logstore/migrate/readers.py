@@ -17,15 +17,15 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
-from typing import Any, Protocol
+from typing import Any, BinaryIO, Protocol
 
 from ..core.errors import Corrupted
 from ..core.ids import is_valid_id, is_valid_site
-from ..core.imported import ImportedBatch
+from ..core.imported import ImportedBatch, export_line, export_time
 from ..core.limits import MAX_BATCH_BYTES, MAX_BATCH_ITEMS
 from ..core.models import datetime_to_micros
 
-__all__ = ["StoreReader", "FileReader", "PostgresReader", "open_reader"]
+__all__ = ["StoreReader", "FileReader", "PostgresReader", "open_reader", "write_export", "storage_errors"]
 
 _PAGE = 1000  # rows per PostgreSQL round trip when streaming items or ids
 _ITEMS = """SELECT seq, recorded_at, payload FROM logstore_items
@@ -228,3 +228,29 @@ def open_reader(url: str, *, lock_timeout: float = 5.0) -> StoreReader:
     if scheme == "file":
         return FileReader(rest, lock_timeout=lock_timeout)
     return PostgresReader(url)
+
+
+def write_export(batches: Iterator[ImportedBatch], out: BinaryIO) -> int:
+    """``logstore export``'s JSON Lines for a non-file store (the file engine's export is
+    ``fsck.logdump.export_items``; both write ``core.imported.export_line``); returns the item count."""
+    written = 0
+    for batch in batches:
+        at = export_time(batch.recorded_at)
+        out.write(b"".join(export_line(batch.first_seq + k, at, raw) for k, raw in enumerate(batch.items)))
+        written += len(batch.items)
+    return written
+
+
+def storage_errors() -> tuple[type[BaseException], ...]:
+    """What a store can fail with that a command reports as one line: logstore's errors, OSError, and,
+    with the postgres extra installed, psycopg's errors and a refused schema."""
+    from ..core.errors import LogstoreError
+
+    errors: tuple[type[BaseException], ...] = (LogstoreError, OSError)
+    try:
+        import psycopg
+
+        from ..postgres.schema import StartupRefused
+    except ImportError:
+        return errors
+    return (*errors, psycopg.Error, StartupRefused)
