@@ -8,6 +8,10 @@ local counter) with ``executemany`` (pipelined), committed with synchronous_comm
 validation and JSON encoding, the seq allocation under the conversation row's lock, ``recorded_at`` and the
 listing columns, and the pool; it runs the whole batch as one statement (one round trip).
 
+P6-pg: P6 rerun on PostgreSQL: ``logstore serve --store postgresql://...`` against ``logstore serve
+--data-dir`` (the file engine), 1 worker each, the same light MCP client load (``bench.load``, 16 clients
+appending 10 x 200 B items), rounds alternating the order.
+
 The database: ``$LOGSTORE_BENCH_POSTGRES_URL`` (loopback only), else a bundled ``pgserver`` started in the
 scratch directory (PostgreSQL 16 on a Unix socket).
 """
@@ -27,7 +31,7 @@ from logstore.core.limits import MAX_CONVERSATION_ITEMS
 from .config import Profile, make_items
 from .stats import Goal, Row, fig, p50, paired_ratio, run_threads
 
-__all__ = ["measure_postgres", "postgres_url"]
+__all__ = ["measure_postgres", "measure_mcp_postgres", "postgres_url"]
 
 SITE = "bench"
 _ITEM, _BATCH = 200, 10
@@ -195,4 +199,60 @@ def measure_postgres(profile: Profile, directory: str) -> list[Row]:
             note=note,
         ),
         listing,
+    ]
+
+
+def measure_mcp_postgres(profile: Profile, directory: str) -> list[Row]:
+    import secrets
+
+    from logstore.file.credentials import CredentialsFile
+    from logstore.postgres.registry import PostgresRegistry
+
+    from .load import SITE as MCP_SITE
+    from .load import drive_subprocess
+    from .mcp_calls import running_server
+
+    password = secrets.token_urlsafe(16)
+    data_dir = os.path.join(directory, "mcp-file")
+    rates: dict[str, list[float]] = {"postgres": [], "file": []}
+    cores: dict[str, list[float]] = {"postgres": [], "file": []}
+    with postgres_url(directory) as url, contextlib.ExitStack() as stack:
+        PostgresRegistry(url).add(MCP_SITE, password)
+        CredentialsFile(data_dir).add(MCP_SITE, password)
+        servers = {
+            name: stack.enter_context(
+                running_server(["tools.cli", "serve", *where, "--log-level", "warning"])
+            )
+            for name, where in (("postgres", ["--store", url]), ("file", ["--data-dir", data_dir]))
+        }
+        for r in range(profile.runs):
+            for name in ("postgres", "file") if r % 2 == 0 else ("file", "postgres"):
+                mcp_url, pid = servers[name]
+                result = drive_subprocess(
+                    mcp_url,
+                    password,
+                    "append_memory",
+                    clients=profile.mcp_clients,
+                    seconds=profile.mcp_seconds,
+                    kind="light",
+                    server_pid=pid,
+                )
+                rates[name].append(result["rate"])
+                cores[name].append(1000 * result["server_cpu_s"] / max(result["calls"], 1))
+    return [
+        Row(
+            "P6-pg",
+            f"{profile.mcp_clients} clients append_memory over streamable HTTP, 1 worker: "
+            "serve --store postgresql:// vs --data-dir (file engine)",
+            "calls/s",
+            value=fig(rates["postgres"]),
+            baseline=fig(rates["file"]),
+            baseline_name="file engine, same run",
+            ratio=paired_ratio(rates["postgres"], rates["file"]),
+            note=(
+                "10 x 200 B items per call, light client; server CPU per call "
+                f"{fig(cores['postgres']).median:.2f} ms (postgres) vs {fig(cores['file']).median:.2f} ms "
+                "(file); PostgreSQL 16 on the same machine and disk"
+            ),
+        )
     ]

@@ -2,7 +2,7 @@
 
     python -m bench                 # full profile (~10 min; P5 at 10k and 1M conversations)
     python -m bench --quick         # about a minute
-    python -m bench --only P1 P5    # a subset (ids: P1 P2 P3 sweep P4 P5 P6 P7 P8 P9-P11 P12;
+    python -m bench --only P1 P5    # a subset (ids: P1 P2 P3 sweep P4 P5 P6 P7 P8 P9-P11 P6-pg P12;
                                     # P1-P3 run together, so do P9-P11)
 
 Scratch data goes to ``--tmp-dir`` (default $LOGSTORE_BENCH_TMP or the system temp dir) and is deleted.
@@ -25,7 +25,7 @@ from .fsck import measure_fsck
 from .listing import measure_listing
 from .mcp_calls import measure_mcp
 from .peer import measure_peer
-from .postgres import measure_postgres
+from .postgres import measure_mcp_postgres, measure_postgres
 from .reads import measure_reads
 from .report import environment, format_table, load_json, write_json, write_plot
 from .stats import Row
@@ -45,6 +45,7 @@ SECTIONS: dict[str, tuple[tuple[str, ...], Section]] = {
     "mcp": (("P6", "P6-sdk", "P6-cpu", "P6-w2"), lambda p, d, a: measure_mcp(p, d)),
     "peer": (("P12",), lambda p, d, a: measure_peer(p, d)),
     "postgres": (("P9", "P10", "P11"), lambda p, d, a: measure_postgres(p, d)),
+    "mcp-postgres": (("P6-PG",), lambda p, d, a: measure_mcp_postgres(p, d)),  # --only upper-cases
     "listing": (
         ("P5",),
         lambda p, d, a: measure_listing(p.listing_sizes, p.runs, p.list_calls, a.tmp_dir, a.jobs),
@@ -60,6 +61,7 @@ _ORDER = (
     "P6-sdk",
     "P6-cpu",
     "P6-w2",
+    "P6-pg",
     "P7",
     "P8",
     "P9",

@@ -26,7 +26,9 @@ __all__ = [
     "build_parser",
     "main",
     "add_data_dir_argument",
+    "add_store_argument",
     "data_dir_of",
+    "store_url_of",
     "describe_error",
     "package_version",
 ]
@@ -38,6 +40,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "tools.erase",  # logstore conversation delete (site remove --purge is in tools.sites)
     "tools.backup",  # logstore backup|restore
     "tools.db",  # logstore db migrate|status (PostgreSQL stores)
+    "tools.migrate",  # logstore migrate --from URL --to URL
 )
 
 EXIT_FAILURE = 1  # the operation failed (unknown site, port in use, data dir unusable, ...)
@@ -57,6 +60,25 @@ def add_data_dir_argument(parser: argparse.ArgumentParser, *, default: bool = Tr
         default=default_data_dir() if default else None,
         help="data directory (env LOGSTORE_DATA_DIR; default ./data)",
     )
+
+
+def add_store_argument(parser: argparse.ArgumentParser) -> None:
+    """``--store URL`` and ``--data-dir D`` (= ``--store file:D``), for commands that work on any store."""
+    parser.add_argument(
+        "--store", metavar="URL", help="store URL: file:DIR or postgresql://... (env LOGSTORE_STORE)"
+    )
+    add_data_dir_argument(parser, default=False)
+
+
+def store_url_of(args: argparse.Namespace) -> str:
+    """As ``serve``: ``--store``, else ``--data-dir`` given on the command line, else ``$LOGSTORE_STORE``,
+    else ``file:`` + ``$LOGSTORE_DATA_DIR`` or ``./data``. Raises ValueError for a malformed URL."""
+    from logstore.core.factory import file_url, parse_store_url
+
+    url = args.store or (file_url(args.data_dir) if args.data_dir else None)
+    url = url or os.environ.get("LOGSTORE_STORE") or file_url(default_data_dir())
+    parse_store_url(url)
+    return url
 
 
 def data_dir_of(args: argparse.Namespace, positional: str | None) -> str:

@@ -80,6 +80,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "or operational error.",
     )
     _conversation_args(export, required=True)
+    export.add_argument(
+        "--store",
+        metavar="URL",
+        help="the store: file:DIR (as --data-dir) or postgresql://... (env LOGSTORE_STORE)",
+    )
     export.add_argument("--out", help="output file (default stdout)")
     export.add_argument(
         "--lock-timeout", type=float, default=5.0, help="seconds to wait for the conversation lock"
@@ -344,6 +349,14 @@ def cmd_export(args: argparse.Namespace) -> int:
     try:
         validate_site(site)
         validate_conversation_id(conversation)
+        url = _export_store(args)
+    except (LogstoreError, ValueError) as exc:
+        return _fail("export", exc)
+    if url is not None and not url.startswith("file:"):
+        return _export_other(args, url, site, conversation)
+    if url is not None:
+        data_dir = url.removeprefix("file:")
+    try:
         if not os.path.isdir(data_dir):
             raise ValueError(f"data dir {data_dir} does not exist")
     except (LogstoreError, ValueError) as exc:
@@ -368,6 +381,48 @@ def cmd_export(args: argparse.Namespace) -> int:
     finally:
         if args.out:
             out.close()
+    if args.out:
+        print(f"exported {count} item(s) to {args.out}", file=sys.stderr)
+    return 0
+
+
+def _export_store(args: argparse.Namespace) -> str | None:
+    """The store URL ``export`` reads: ``--store``, else None when a data dir was given on the command line
+    (positional or ``--data-dir``), else ``$LOGSTORE_STORE`` (None: the data dir ``_where`` found)."""
+    from logstore.core.factory import parse_store_url
+
+    explicit = args.data_dir or len(args.where) == 3
+    url = args.store or (None if explicit else os.environ.get("LOGSTORE_STORE"))
+    if url is not None:
+        parse_store_url(url)
+    return url
+
+
+def _export_other(args: argparse.Namespace, url: str, site: str, conversation: str) -> int:
+    """``export`` from a non-file store (PostgreSQL): the same JSON Lines, from a read-only snapshot."""
+    from logstore.migrate.readers import open_reader, storage_errors, write_export
+
+    try:
+        reader = open_reader(url)
+    except storage_errors() as exc:
+        return _fail("export", (str(exc).strip().splitlines() or [type(exc).__name__])[0])
+    try:
+        out = open(args.out, "wb") if args.out else sys.stdout.buffer  # noqa: SIM115 - closed below
+    except OSError as exc:
+        reader.close()
+        return _fail("export", exc)
+    try:
+        count = write_export(reader.batches(site, conversation), out)
+    except BrokenPipeError:
+        return _closed_pipe()
+    except storage_errors() as exc:
+        return _fail("export", exc)
+    finally:
+        reader.close()
+        if args.out:
+            out.close()
+    if not count:
+        return _fail("export", f"no conversation {conversation} in site {site}")
     if args.out:
         print(f"exported {count} item(s) to {args.out}", file=sys.stderr)
     return 0

@@ -1,8 +1,11 @@
-"""``logstore site add|list|remove|passwd``: manage the sites (Basic-auth users) of a data dir.
+"""``logstore site add|list|remove|passwd``: manage the sites (Basic-auth users) of a store: a data dir
+(``--data-dir D`` or ``--store file:D``) or a PostgreSQL database (``--store postgresql://...``; env
+``LOGSTORE_STORE``), through its ``SiteRegistry`` (``logstore.core.factory.open_registry``).
 
 ``site add`` prints the password alone on the last line of stdout, so scripts can take ``| tail -n1``.
 Removing a site revokes its credentials only; its stored conversations stay on disk (and become reachable
-again if a site of the same name is added later) unless ``--purge`` erases them too (logstore.file.erasure).
+again if a site of the same name is added later) unless ``--purge`` erases them too (logstore.file.erasure;
+file stores only).
 
 Exit codes: 0 done, 1 failed (site exists / unknown, data dir missing or unusable), 2 bad argument.
 """
@@ -13,12 +16,16 @@ import argparse
 import json
 import os
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from logstore.core.registry import SiteRegistry
 
 __all__ = ["register", "read_password_stdin"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from .cli import add_data_dir_argument
+    from .cli import add_store_argument
 
     site = subparsers.add_parser(
         "site",
@@ -37,7 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     add.add_argument("name", help="site name: 1-64 characters from [A-Za-z0-9_-]")
     add.add_argument("--password-stdin", action="store_true", help="read the password from stdin")
-    add_data_dir_argument(add)
+    add_store_argument(add)
     add.set_defaults(func=cmd_add)
 
     ls = actions.add_parser(
@@ -47,7 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "dir does not exist.",
     )
     ls.add_argument("--json", action="store_true", help='print {"sites": [...]}')
-    add_data_dir_argument(ls)
+    add_store_argument(ls)
     ls.set_defaults(func=cmd_list)
 
     rm = actions.add_parser(
@@ -67,7 +74,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="with --purge: seconds to wait after revoking, for running servers to stop admitting the site "
         "(they re-read credentials within 1 s; default 2)",
     )
-    add_data_dir_argument(rm)
+    add_store_argument(rm)
     rm.set_defaults(func=cmd_remove)
 
     pw = actions.add_parser(
@@ -78,7 +85,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     pw.add_argument("name")
     pw.add_argument("--password-stdin", action="store_true", help="read the password from stdin")
-    add_data_dir_argument(pw)
+    add_store_argument(pw)
     pw.set_defaults(func=cmd_passwd)
 
 
@@ -96,38 +103,53 @@ def _password(args: argparse.Namespace) -> tuple[str, bool]:
     return (read_password_stdin(), False) if args.password_stdin else (generate_password(), True)
 
 
+def _registry(args: argparse.Namespace) -> tuple[SiteRegistry, str | None]:
+    """The store's registry and, for a file store, its data dir. ValueError: a malformed URL."""
+    from logstore.core.factory import open_registry, parse_store_url
+
+    from .cli import store_url_of
+
+    url = store_url_of(args)
+    scheme, rest = parse_store_url(url)
+    return open_registry(url), (os.path.abspath(rest) if scheme == "file" else None)
+
+
+def _usage(action: str, exc: object) -> int:
+    print(f"logstore site {action}: {exc}", file=sys.stderr)
+    return 2
+
+
 def cmd_add(args: argparse.Namespace) -> int:
     from logstore.core.errors import InvalidArgument
     from logstore.core.registry import SiteExists
-    from logstore.file.credentials import CredentialsFile
 
-    creds = CredentialsFile(args.data_dir)
     try:
+        registry, data_dir = _registry(args)
         password, generated = _password(args)
-        creds.add(args.name, password)
+        registry.add(args.name, password)
     except (InvalidArgument, ValueError) as exc:
-        print(f"logstore site add: {exc}", file=sys.stderr)
-        return 2
+        return _usage("add", exc)
     except SiteExists:
         print(f"logstore site add: site '{args.name}' already exists (use 'site passwd')", file=sys.stderr)
         return 1
-    print(f"created site '{args.name}' in {creds.data_dir}")
+    print(f"created site '{args.name}' in {data_dir or registry.location}")
     if generated:
         print(password)
     return 0
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from logstore.file.credentials import CredentialsFile
-
-    if not os.path.isdir(args.data_dir):
-        print(
-            f"logstore site list: no data dir at {args.data_dir} (or it is not a directory)", file=sys.stderr
-        )
+    try:
+        registry, data_dir = _registry(args)
+    except ValueError as exc:
+        return _usage("list", exc)
+    if data_dir is not None and not os.path.isdir(data_dir):
+        print(f"logstore site list: no data dir at {data_dir} (or it is not a directory)", file=sys.stderr)
         return 1
-    sites = CredentialsFile(args.data_dir).sites()
+    sites = registry.sites()
     if args.json:
-        print(json.dumps({"data_dir": os.path.abspath(args.data_dir), "sites": sites}))
+        where = {"data_dir": data_dir} if data_dir is not None else {"store": registry.location}
+        print(json.dumps({**where, "sites": sites}))
     else:
         for name in sites:
             print(name)
@@ -138,11 +160,15 @@ def cmd_remove(args: argparse.Namespace) -> int:
     import time
 
     from logstore.core.registry import UnknownSite
-    from logstore.file.credentials import CredentialsFile
-    from logstore.file.erasure import purge_site
 
     try:
-        CredentialsFile(args.data_dir).remove(args.name)
+        registry, data_dir = _registry(args)
+        if args.purge and data_dir is None:
+            raise ValueError("--purge erases a file store's data only; this store is not a data dir")
+    except ValueError as exc:
+        return _usage("remove", exc)
+    try:
+        registry.remove(args.name)
     except UnknownSite:
         if not args.purge:
             print(f"logstore site remove: no site '{args.name}'", file=sys.stderr)
@@ -151,11 +177,14 @@ def cmd_remove(args: argparse.Namespace) -> int:
     else:
         revoked = True
     if not args.purge:
-        print(f"removed site '{args.name}' (its credentials are revoked; its data stays on disk)")
+        print(f"removed site '{args.name}' (its credentials are revoked; its data stays in the store)")
         return 0
+    from logstore.file.erasure import purge_site
+
+    assert data_dir is not None
     if revoked and args.grace > 0:
         time.sleep(args.grace)
-    erased = purge_site(args.data_dir, args.name)
+    erased = purge_site(data_dir, args.name)
     if not revoked and not erased:
         print(f"logstore site remove: no site '{args.name}' and no data for it", file=sys.stderr)
         return 1
@@ -165,14 +194,13 @@ def cmd_remove(args: argparse.Namespace) -> int:
 
 def cmd_passwd(args: argparse.Namespace) -> int:
     from logstore.core.registry import UnknownSite
-    from logstore.file.credentials import CredentialsFile
 
     try:
+        registry, _ = _registry(args)
         password, generated = _password(args)
-        CredentialsFile(args.data_dir).set_password(args.name, password)
+        registry.set_password(args.name, password)
     except ValueError as exc:
-        print(f"logstore site passwd: {exc}", file=sys.stderr)
-        return 2
+        return _usage("passwd", exc)
     except UnknownSite:
         print(f"logstore site passwd: no site '{args.name}'", file=sys.stderr)
         return 1

@@ -41,6 +41,7 @@ import msgspec
 from ..core import observe
 from ..core.batch import decode_item
 from ..core.errors import ConversationFull, Corrupted, Io, Unavailable
+from ..core.imported import import_refusal
 from ..core.limits import MAX_CONVERSATION_ITEMS
 from ..core.models import MemoryItem, SeqRange, micros_to_datetime
 from .fileio import FileOps
@@ -446,14 +447,17 @@ class ConversationLog:
 
     def _write_group(self, group: list[AppendRequest]) -> None:
         assert self._log_fd is not None
-        now = _now_us()
-        recorded_at = now if self._last_at is None else max(now, self._last_at)  # never goes back
+        now, last_at, first_at = _now_us(), self._last_at, 0
         write_start = self._end
         seq, offset = self._next_seq, write_start
         frames: list[bytes] = []
         accepted: list[tuple[AppendRequest, int, int]] = []  # request, frame offset, first seq
         for req in group:
-            if seq + req.count > MAX_CONVERSATION_ITEMS:
+            recorded_at = now if last_at is None else max(now, last_at)  # never goes back
+            if req.imported is not None:  # logstore migrate: the source's seq and time, or refused
+                req.error = import_refusal(req.imported, next_seq=seq, last_recorded_at=last_at)
+                recorded_at = req.imported.recorded_at
+            if req.error is None and seq + req.count > MAX_CONVERSATION_ITEMS:
                 req.error = ConversationFull(
                     f"conversation holds {seq} items; appending {req.count} would pass the limit of "
                     f"{MAX_CONVERSATION_ITEMS}",
@@ -461,8 +465,11 @@ class ConversationLog:
                     requested=req.count,
                     limit=MAX_CONVERSATION_ITEMS,
                 )
+            if req.error is not None:
                 req.done = True
                 continue
+            first_at = recorded_at if not accepted else first_at
+            last_at = recorded_at
             frame = encode_frame(
                 first_seq=seq,
                 count=req.count,
@@ -499,8 +506,8 @@ class ConversationLog:
             self._end = offset
             self._next_seq = seq
             if self._created_at is None:
-                self._created_at = recorded_at
-            self._last_at = recorded_at
+                self._created_at = first_at
+            self._last_at = last_at
             self._tail_offset = accepted[-1][1]
             # The tail check's reference is what we wrote, not a re-read of the file (one pread less per
             # append, and a change by another process right after this commit is not taken as reference).
@@ -512,8 +519,8 @@ class ConversationLog:
         if observer is not None:
             observer.commit(requests=len(accepted), nbytes=offset - write_start, fsync_seconds=fsync_seconds)
         if self._on_commit is not None:
-            assert self._created_at is not None
-            self._on_commit(CommitInfo(self.conversation_id, self._created_at, recorded_at, offset, seq))
+            assert self._created_at is not None and last_at is not None
+            self._on_commit(CommitInfo(self.conversation_id, self._created_at, last_at, offset, seq))
 
     def _write_index(self) -> None:
         if self._idx_fd is not None:

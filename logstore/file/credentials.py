@@ -77,11 +77,16 @@ class CredentialsFile:
 
     def add(self, site: str, password: str) -> None:
         validate_site(site)
-        entry = {**hash_password(password), "created_at": rfc3339(datetime.now(UTC))}
+        self.import_entry(site, {**hash_password(password), "created_at": rfc3339(datetime.now(UTC))})
+
+    def import_entry(self, site: str, entry: dict[str, Any]) -> None:
+        """``logstore migrate``: add a site with an entry copied from another registry as it is (the
+        scrypt hash: the password is never needed). Raises SiteExists."""
+        validate_site(site)
         with self._editing() as sites:
             if site in sites:
                 raise SiteExists(site)
-            sites[site] = entry
+            sites[site] = dict(entry)
 
     def set_password(self, site: str, password: str) -> None:
         entry = hash_password(password)

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from ..core.errors import Unavailable
+from ..core.imported import ImportedBatch
 from ..core.models import SeqRange
 
 __all__ = ["AppendRequest", "GroupCommit", "ReaderGuard"]
@@ -32,11 +33,12 @@ __all__ = ["AppendRequest", "GroupCommit", "ReaderGuard"]
 class AppendRequest:
     """One caller's batch: items already encoded (``frame.encode_items``) before any lock is taken."""
 
-    __slots__ = ("encoded", "count", "result", "error", "done", "wake", "promoted")
+    __slots__ = ("encoded", "count", "imported", "result", "error", "done", "wake", "promoted")
 
-    def __init__(self, encoded: bytes, count: int) -> None:
+    def __init__(self, encoded: bytes, count: int, imported: ImportedBatch | None = None) -> None:
         self.encoded = encoded
         self.count = count
+        self.imported = imported  # logstore migrate: the seq and time the batch must get, or be refused
         self.result: SeqRange | None = None
         self.error: BaseException | None = None
         self.done = False

@@ -20,6 +20,7 @@ from ..core.arguments import list_args, recall_args, replay_args
 from ..core.batch import prepare_batch
 from ..core.errors import Io, Unavailable
 from ..core.ids import validate_conversation_id, validate_site
+from ..core.imported import ImportedBatch, check_imported
 from ..core.limits import DEFAULT_LIST_LIMIT, DEFAULT_RECALL_COUNT, MAX_READ_COUNT
 from ..core.models import ConversationListing, MemoryItem, SeqRange
 from . import layout
@@ -68,6 +69,16 @@ class Store:
         conversation_id = validate_conversation_id(conversation_id)
         batch = prepare_batch(items)
         request = AppendRequest(encode_items(batch.items), batch.count)
+        with self._conversation(site, conversation_id) as conv:
+            return conv.append(request)
+
+    def import_batch(self, site: str, conversation_id: str, batch: ImportedBatch) -> SeqRange:
+        """``logstore migrate``: append items copied verbatim from another store at the seq and time they
+        had there (``core.imported``: refused unless ``batch.first_seq`` is the next seq)."""
+        site = validate_site(site)
+        conversation_id = validate_conversation_id(conversation_id)
+        batch = check_imported(batch)
+        request = AppendRequest(encode_items(batch.items), len(batch.items), imported=batch)
         with self._conversation(site, conversation_id) as conv:
             return conv.append(request)
 

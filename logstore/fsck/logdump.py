@@ -21,7 +21,7 @@ from typing import BinaryIO
 import msgspec
 
 from ..core.errors import Corrupted
-from ..core.models import micros_to_datetime, rfc3339
+from ..core.imported import export_line, export_time
 from ..file.fileio import FileOps
 from ..file.frame import MAX_FRAME_SIZE, Frame, NeedMore, decode_frame, decode_header
 from ..file.index_codec import ENTRY_SIZE, decode_entry, index_entries
@@ -141,14 +141,14 @@ def export_items(
 
         def emit(frame: Frame) -> None:
             nonlocal written
-            at = rfc3339(micros_to_datetime(frame.recorded_at)).encode()
+            at = export_time(frame.recorded_at)
             lines: list[bytes] = []
             for k, raw in enumerate(frame.items):
                 if not raw.startswith(b"{") or not _is_json(raw):
                     out.write(b"".join(lines))
                     written += len(lines)
                     raise _corrupted(paths, frame.offset, f"item {frame.first_seq + k} is not a JSON object")
-                lines.append(b'{"seq":%d,"recorded_at":"%s","payload":%s}\n' % (frame.first_seq + k, at, raw))
+                lines.append(export_line(frame.first_seq + k, at, raw))
             out.write(b"".join(lines))
             written += len(lines)
 

@@ -104,7 +104,12 @@ class PostgresRegistry:
 
     def add(self, site: str, password: str) -> None:
         validate_site(site)
-        entry = {**hash_password(password), "created_at": rfc3339(datetime.now(UTC))}
+        self.import_entry(site, {**hash_password(password), "created_at": rfc3339(datetime.now(UTC))})
+
+    def import_entry(self, site: str, entry: dict[str, Any]) -> None:
+        """``logstore migrate``: add a site with an entry copied from another registry as it is (the
+        scrypt hash: the password is never needed). Raises SiteExists."""
+        validate_site(site)
         added = self._edit(
             "INSERT INTO logstore_sites (site, credential) VALUES (%s, %s) ON CONFLICT (site) DO NOTHING",
             (site, json.dumps(entry)),

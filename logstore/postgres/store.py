@@ -32,6 +32,7 @@ from ..core.batch import decode_item, prepare_batch
 from ..core.cursor import BEFORE_ALL, CursorCodec, CursorKey
 from ..core.errors import ConversationFull, Corrupted, Unavailable
 from ..core.ids import validate_conversation_id, validate_site
+from ..core.imported import ImportedBatch, check_imported, import_refusal
 from ..core.limits import DEFAULT_LIST_LIMIT, DEFAULT_RECALL_COUNT, MAX_CONVERSATION_ITEMS, MAX_READ_COUNT
 from ..core.models import (
     ConversationListing,
@@ -71,7 +72,30 @@ WITH conv AS (
 )
 SELECT next_seq FROM conv
 """
+# logstore migrate: a batch at the seq and time it had in the source store. The conversation row is created
+# only by a batch at seq 0 and moved on only from exactly ``first`` and never back in time (core.imported);
+# no row back means refused, nothing written.
+_IMPORT_ITEMS = """, batch AS (
+    INSERT INTO logstore_items (site, conversation_id, seq, recorded_at, payload)
+    SELECT %(site)s, %(cid)s, %(first)s + item.ord - 1, %(at)s, item.payload
+    FROM conv, unnest(%(payloads)b::bytea[]) WITH ORDINALITY AS item(payload, ord)
+)
+SELECT next_seq FROM conv"""
+_IMPORT_FIRST = """WITH conv AS (
+    INSERT INTO logstore_conversations (site, conversation_id, next_seq, created_at, last_appended_at)
+    VALUES (%(site)s, %(cid)s, %(next)s, %(at)s, %(at)s)
+    ON CONFLICT (site, conversation_id) DO NOTHING
+    RETURNING next_seq
+)""" + _IMPORT_ITEMS
+_IMPORT_NEXT = """WITH conv AS (
+    UPDATE logstore_conversations SET next_seq = %(next)s, last_appended_at = %(at)s
+    WHERE site = %(site)s AND conversation_id = %(cid)s AND next_seq = %(first)s
+        AND last_appended_at <= %(at)s
+    RETURNING next_seq
+)""" + _IMPORT_ITEMS
 _STORED = "SELECT next_seq FROM logstore_conversations WHERE site = %s AND conversation_id = %s"
+_STATE = """SELECT next_seq, last_appended_at FROM logstore_conversations
+WHERE site = %s AND conversation_id = %s"""
 _RECALL = """SELECT seq, recorded_at, payload FROM logstore_items
 WHERE site = %s AND conversation_id = %s ORDER BY seq DESC LIMIT %s"""
 _REPLAY = """SELECT seq, recorded_at, payload FROM logstore_items
@@ -172,6 +196,33 @@ class PostgresStore:
                     limit=MAX_CONVERSATION_ITEMS,
                 )
             return SeqRange(row[0] - n, row[0] - 1)
+
+        return self._run(run, writing=True)
+
+    def import_batch(self, site: str, conversation_id: str, batch: ImportedBatch) -> SeqRange:
+        """``logstore migrate``: append items copied verbatim from another store at the seq and time they
+        had there, in one statement (``core.imported``: refused unless ``batch.first_seq`` is the next seq
+        and its time is not before the conversation's last)."""
+        site = validate_site(site)
+        conversation_id = validate_conversation_id(conversation_id)
+        batch = check_imported(batch)
+        params = {
+            "site": site,
+            "cid": conversation_id,
+            "first": batch.first_seq,
+            "next": batch.next_seq,
+            "at": micros_to_datetime(batch.recorded_at),
+            "payloads": list(batch.items),
+        }
+
+        def run(conn: psycopg.Connection) -> SeqRange:
+            statement = _IMPORT_FIRST if batch.first_seq == 0 else _IMPORT_NEXT
+            if conn.execute(statement, params).fetchone() is None:
+                state = conn.execute(_STATE, (site, conversation_id)).fetchone()
+                next_seq, last_at = (0, None) if state is None else (state[0], datetime_to_micros(state[1]))
+                refusal = import_refusal(batch, next_seq=next_seq, last_recorded_at=last_at)
+                raise refusal or Unavailable("the conversation changed during the import; retry")
+            return SeqRange(batch.first_seq, batch.next_seq - 1)
 
         return self._run(run, writing=True)
 
