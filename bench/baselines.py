@@ -4,6 +4,10 @@
   byte for byte what the engine would write for the batch (``file.frame.encode_frame``). Nothing else:
   no locks, no encoding, no index. One thread = the single-writer ceiling; N threads on N files = the
   ceiling for N independent conversations.
+- Preallocated: one thread loops ``os.pwrite(frame) ; os.fdatasync`` into a file that was zero-filled and
+  fsynced beforehand (``PREALLOC_BYTES``, wrapping around at its end), so no write changes the file's size
+  or allocates a block: the fdatasync carries no inode update. The disk's real ceiling for a log that grows
+  in preallocated chunks (issue 12), against which the engine's log format v2 is judged.
 - SQLite: stdlib ``sqlite3``, ``journal_mode=WAL``, ``synchronous=FULL``, one ``BEGIN IMMEDIATE ...
   COMMIT`` per batch inserting one row per item (conversation id, seq, recorded_at, JSON payload) into a
   ``WITHOUT ROWID`` table keyed by (conversation_id, seq). JSON encoding is inside the loop, as it is for
@@ -25,7 +29,7 @@ from logstore.file.frame import encode_frame, encode_items
 
 from .stats import run_threads
 
-__all__ = ["frame_bytes", "raw_fdatasync", "sqlite_wal"]
+__all__ = ["frame_bytes", "raw_fdatasync", "prealloc_fdatasync", "sqlite_wal", "PREALLOC_BYTES"]
 
 _encode = msgspec.json.Encoder().encode
 
@@ -70,6 +74,35 @@ def raw_fdatasync(directory: str, data: bytes, threads: int, duration: float) ->
         for name in os.listdir(directory):
             if name.startswith("raw-"):
                 os.unlink(os.path.join(directory, name))
+    return count / elapsed
+
+
+PREALLOC_BYTES = 16 * 1024 * 1024  # written with zeros and fsynced before the timed loop
+_ZEROS = bytes(1024 * 1024)
+
+
+def prealloc_fdatasync(directory: str, data: bytes, duration: float) -> float:
+    """Writes/s of one thread writing ``data`` + fdatasync into an already written, synced file."""
+    path = os.path.join(directory, f"prealloc-{time.monotonic_ns()}.bin")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        for offset in range(0, PREALLOC_BYTES, len(_ZEROS)):
+            os.pwrite(fd, _ZEROS, offset)
+        os.fsync(fd)  # size and extents durable: from here on a write changes only data blocks
+        limit = PREALLOC_BYTES - len(data)
+        state = {"offset": 0}
+
+        def step() -> None:
+            offset = state["offset"]
+            os.pwrite(fd, data, offset)
+            os.fdatasync(fd)
+            offset += len(data)
+            state["offset"] = offset if offset <= limit else 0
+
+        count, elapsed = run_threads(1, lambda _i: step, duration)
+    finally:
+        os.close(fd)
+        os.unlink(path)
     return count / elapsed
 
 

@@ -2,8 +2,8 @@
 
     python -m bench                 # full profile (~10 min; P5 at 10k and 1M conversations)
     python -m bench --quick         # about a minute
-    python -m bench --only P1 P5    # a subset (ids: P1 P2 P3 sweep P4 P5 P6 P7 P8 P9-P11 P6-pg P12;
-                                    # P1-P3 run together, so do P9-P11)
+    python -m bench --only P1 P5    # a subset (ids: P1 P1-cpu P2 P3 sweep S-b250 P4 P5 P6 P7 P8 P9-P11
+                                    # P6-pg P12; P1-P3 run together, so do P9-P11)
 
 Scratch data goes to ``--tmp-dir`` (default $LOGSTORE_BENCH_TMP or the system temp dir) and is deleted.
 A measure that fails is reported in the table and makes the exit status 1; ``--strict`` re-raises instead.
@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 from .appends import measure_appends, measure_sweep
 from .config import PROFILES, Profile, scratch_dir
+from .cpu_append import measure_cpu
 from .crash import measure_crash
 from .fsck import measure_fsck
 from .listing import measure_listing
@@ -37,15 +38,16 @@ DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"
 Section = Callable[[Profile, str, argparse.Namespace], list[Row]]
 
 SECTIONS: dict[str, tuple[tuple[str, ...], Section]] = {
-    "appends": (("P1", "P2", "P3"), lambda p, d, a: measure_appends(p, d)),
-    "sweep": (("sweep", "S"), lambda p, d, a: measure_sweep(p, d)),
+    "appends": (("P1", "P2", "P2-1proc", "P3"), lambda p, d, a: measure_appends(p, d)),
+    "cpu": (("P1-cpu",), lambda p, d, a: measure_cpu(p, d)),
+    "sweep": (("sweep", "S", "S-b250"), lambda p, d, a: measure_sweep(p, d)),
     "reads": (("P4",), lambda p, d, a: measure_reads(p, d)),
     "crash": (("P7",), lambda p, d, a: measure_crash(p, d)),
     "fsck": (("P8",), lambda p, d, a: measure_fsck(p, d)),
     "mcp": (("P6", "P6-sdk", "P6-cpu", "P6-w2"), lambda p, d, a: measure_mcp(p, d)),
     "peer": (("P12",), lambda p, d, a: measure_peer(p, d)),
     "postgres": (("P9", "P10", "P11"), lambda p, d, a: measure_postgres(p, d)),
-    "mcp-postgres": (("P6-PG",), lambda p, d, a: measure_mcp_postgres(p, d)),  # --only upper-cases
+    "mcp-postgres": (("P6-pg",), lambda p, d, a: measure_mcp_postgres(p, d)),
     "listing": (
         ("P5",),
         lambda p, d, a: measure_listing(p.listing_sizes, p.runs, p.list_calls, a.tmp_dir, a.jobs),
@@ -53,7 +55,9 @@ SECTIONS: dict[str, tuple[tuple[str, ...], Section]] = {
 }
 _ORDER = (
     "P1",
+    "P1-cpu",
     "P2",
+    "P2-1proc",
     "P3",
     "P4",
     "P5",
@@ -68,16 +72,17 @@ _ORDER = (
     "P10",
     "P11",
     "P12",
+    "S-b250",
     "S",
 )
 
 
 def run(profile: Profile, args: argparse.Namespace) -> tuple[list[Row], list[str]]:
-    wanted = {w.upper() if w.lower() != "sweep" else "sweep" for w in (args.only or [])}
+    wanted = {w.upper() for w in (args.only or [])}
     rows: list[Row] = []
     failures: list[str] = []
     for name, (ids, section) in SECTIONS.items():
-        if wanted and not wanted & set(ids):
+        if wanted and not wanted & {i.upper() for i in ids}:
             continue
         t0 = time.perf_counter()
         print(f"[bench] {name} ...", file=sys.stderr, flush=True)
@@ -101,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--quick", action="store_true", help="about a minute, smaller sizes")
     mode.add_argument("--tiny", action="store_true", help="seconds; for the smoke test (figures meaningless)")
     parser.add_argument(
-        "--only", nargs="+", metavar="ID", help="P1 P2 P3 P4 P5 P6 P7 P8 P9 P10 P11 P12 sweep"
+        "--only", nargs="+", metavar="ID", help="P1 P1-cpu P2 P3 P4 P5 P6 P7 P8 P9 P10 P11 P12 sweep S-b250"
     )
     parser.add_argument("--runs", type=int, help="rounds per measure (default from the profile)")
     parser.add_argument("--conversations", type=int, nargs="+", help="P5 site sizes")

@@ -4,22 +4,25 @@ returns each item's canonical JSON (the exact bytes stored and returned); the fi
 (``file.frame.encode_items``), another backend stores them as it likes. Every way in (the Python API and
 the server, both protocol eras) reaches these rules through ``Backend.append``.
 
-An item is stored verbatim or rejected, never changed. Before anything is encoded, one walk over each item
-checks what msgspec would otherwise store differently or not at all:
+An item is stored verbatim or rejected, never changed. These are the rules, beyond what msgspec's
+encoder itself refuses (strings or keys holding a lone UTF-16 surrogate, which UTF-8 cannot store, and
+types it does not know):
 
 - nesting deeper than ``MAX_PAYLOAD_DEPTH`` (it could be stored, but never returned to an MCP client);
 - non-finite floats (NaN, +-Infinity, or a literal such as ``1e400`` that a JSON parser turned into
   infinity): msgspec writes them as ``null``;
 - integers of more than ``MAX_INT_DIGITS`` digits (no JSON parser here could read them back);
-- strings or keys holding a lone UTF-16 surrogate (UTF-8 cannot store one);
 - keys that are not strings, and values that are not JSON (datetime, bytes, set, Decimal...: msgspec would
   store a string or an array, read back as a different value).
 
-Each rejection is ``InvalidArgument`` naming the item's index and the JSON path inside it. The walk
-recurses per container only (scalars are checked inline) and no deeper than the limit it enforces. Its
-cost (``python -m bench.payload_rules``, against baselines in the same run): ~1 us for a chat message,
-nothing for text, ~1.7x the encoding for a float array, and for the worst shapes (256 KiB of tiny
-objects or of integers) 7-20x the encoding, about twice the SDK's own parsing of the same item.
+Each rejection is ``InvalidArgument`` naming the item's index and the JSON path inside it.
+
+One pass per item in the common case (``encode_item``): msgspec encodes, then ``_vouch`` walks the item
+once with a type test per value and no path bookkeeping. Only an item it does not vouch for (a broken
+rule, or a tuple or subclass of a JSON type, which are stored as the JSON they are) takes the walk that
+names paths (``_walk``). Figures (``python -m bench.payload_rules``, docs/PERFORMANCE.md, issue 12):
+~0.33 us per chat-sized item beyond the encoding itself; for the worst shapes (256 KiB of tiny objects or
+of integers) 5-10x the encoding.
 """
 
 from __future__ import annotations
@@ -123,6 +126,43 @@ def _walk(node: dict[Any, Any] | list[Any] | tuple[Any, ...], depth: int, string
             raise
 
 
+def _vouch(node: dict[Any, Any] | list[Any], depth: int, ints: bool) -> bool:
+    """True if the object or array ``node`` at nesting level ``depth`` and everything below it break no rule;
+    False means "undecided: ask ``_walk``", which then names the path or accepts. Called only on what
+    msgspec has just encoded without an error (so no lone surrogate and no unsupported type anywhere),
+    and ``ints`` says whether that encoding is long enough to hold an integer of more than
+    ``MAX_INT_DIGITS`` digits (a chat-sized item is not: its integers need no check at all).
+
+    Only exact JSON types are vouched for; tuples, subclasses, datetimes, int keys and the like go to
+    ``_walk``. No path bookkeeping, no per-value branches for rules that cannot apply: the common item
+    costs one type test per value."""
+    if depth > MAX_PAYLOAD_DEPTH:
+        return False
+    values: Iterable[Any]
+    if isinstance(node, dict):  # only exact dicts and lists get here
+        for key in node:
+            if type(key) is not str:
+                return False
+        values = node.values()
+    elif len(node) >= 16 and type(node[0]) in _NUMBERS and _numbers_ok(node):
+        return True
+    else:
+        values = node
+    for value in values:
+        kind = type(value)
+        if kind is str or kind is bool or value is None:
+            continue
+        if kind is int:
+            if ints and not _NEG_INT_BOUND < value < _INT_BOUND:
+                return False
+        elif kind is float:
+            if value - value != 0.0:  # inf - inf and nan - nan are nan; a finite x - x is 0.0
+                return False
+        elif (kind is not dict and kind is not list) or not _vouch(value, depth + 1, ints):
+            return False
+    return True
+
+
 def _check_other(value: Any, depth: int, strings: bool) -> None:
     """Subclasses of the JSON types, and tuples (stored as the JSON they are); nothing else."""
     if isinstance(value, (dict, list, tuple)):
@@ -178,7 +218,36 @@ class PreparedBatch:
 
 def encode_item(item: Any, index: int) -> bytes:
     """Compact UTF-8 JSON of one item, exactly the bytes stored (and the size the limits count), or
-    ``InvalidArgument`` naming the index and the path of the first rule the item breaks."""
+    ``InvalidArgument`` naming the index and the path of the first rule the item breaks, or
+    ``PayloadTooLarge``.
+
+    Encoding comes first (msgspec, in C), then one walk that only vouches (``_vouch``); the walk that
+    names paths (``_walk``) runs only for an item it does not vouch for. Encoding first is what makes the
+    walk cheap: whatever msgspec refuses (lone surrogates, unsupported types) never reaches it, and an
+    encoding shorter than ``MAX_INT_DIGITS`` bytes cannot hold a too-long integer."""
+    if type(item) is dict:
+        try:
+            raw = _encode(item)
+        except (TypeError, ValueError, OverflowError, RecursionError):
+            raw = _verdict(item, index)  # raises, unless msgspec's recursion limit was the only problem
+        else:
+            if not _vouch(item, 1, len(raw) > MAX_INT_DIGITS):
+                raw = _verdict(item, index)
+    else:
+        raw = _verdict(item, index)
+    if len(raw) > MAX_ITEM_BYTES:
+        raise PayloadTooLarge(
+            f"items[{index}] is {len(raw)} bytes as compact JSON; the limit is {MAX_ITEM_BYTES}",
+            index=index,
+            size=len(raw),
+            limit=MAX_ITEM_BYTES,
+        )
+    return raw
+
+
+def _verdict(item: Any, index: int) -> bytes:
+    """The slow path for an item ``_vouch`` did not vouch for: the full walk decides, and names the path
+    of the first broken rule; an item it passes (a tuple, a subclass of a JSON type) is stored."""
     if not isinstance(item, dict):
         raise InvalidArgument(
             f"items[{index}] must be a JSON object, got {type(item).__name__}", field="items", index=index
@@ -252,7 +321,7 @@ def _unreadable(seq: int, reason: str, what: str) -> Unreadable:
 
 def prepare_batch(items: Sequence[Any]) -> PreparedBatch:
     """Validate a batch against the spec's limits; return each item's canonical JSON."""
-    if isinstance(items, (str, bytes, dict)) or not isinstance(items, Sequence):
+    if type(items) is not list and (isinstance(items, (str, bytes, dict)) or not isinstance(items, Sequence)):
         raise InvalidArgument("items must be a list of JSON objects", field="items")
     if not items:
         raise EmptyBatch("an append batch must contain at least one item")
@@ -260,19 +329,10 @@ def prepare_batch(items: Sequence[Any]) -> PreparedBatch:
         raise InvalidArgument(
             f"a batch holds at most {MAX_BATCH_ITEMS} items, got {len(items)}", field="items"
         )
-    encoded = []
-    total = 0
+    encoded = []  # in order: the first broken rule or limit stops the batch
     for index, item in enumerate(items):
-        raw = encode_item(item, index)
-        if len(raw) > MAX_ITEM_BYTES:
-            raise PayloadTooLarge(
-                f"items[{index}] is {len(raw)} bytes as compact JSON; the limit is {MAX_ITEM_BYTES}",
-                index=index,
-                size=len(raw),
-                limit=MAX_ITEM_BYTES,
-            )
-        total += len(raw)
-        encoded.append(raw)
+        encoded.append(encode_item(item, index))
+    total = sum(map(len, encoded))
     if total > MAX_BATCH_BYTES:
         raise BatchTooLarge(
             f"the batch is {total} bytes as compact JSON; the limit is {MAX_BATCH_BYTES}",
