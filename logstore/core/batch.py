@@ -235,13 +235,7 @@ def encode_item(item: Any, index: int) -> bytes:
                 raw = _verdict(item, index)
     else:
         raw = _verdict(item, index)
-    if len(raw) > MAX_ITEM_BYTES:
-        raise PayloadTooLarge(
-            f"items[{index}] is {len(raw)} bytes as compact JSON; the limit is {MAX_ITEM_BYTES}",
-            index=index,
-            size=len(raw),
-            limit=MAX_ITEM_BYTES,
-        )
+    check_item_size(index, len(raw))
     return raw
 
 
@@ -323,20 +317,36 @@ def prepare_batch(items: Sequence[Any]) -> PreparedBatch:
     """Validate a batch against the spec's limits; return each item's canonical JSON."""
     if type(items) is not list and (isinstance(items, (str, bytes, dict)) or not isinstance(items, Sequence)):
         raise InvalidArgument("items must be a list of JSON objects", field="items")
-    if not items:
-        raise EmptyBatch("an append batch must contain at least one item")
-    if len(items) > MAX_BATCH_ITEMS:
-        raise InvalidArgument(
-            f"a batch holds at most {MAX_BATCH_ITEMS} items, got {len(items)}", field="items"
-        )
+    check_batch_count(len(items))
     encoded = []  # in order: the first broken rule or limit stops the batch
     for index, item in enumerate(items):
         encoded.append(encode_item(item, index))
-    total = sum(map(len, encoded))
+    check_batch_size(sum(map(len, encoded)))
+    return PreparedBatch(tuple(encoded))
+
+
+# The batch limits, one home for every way in: appends here, imports (``core.imported``) too.
+def check_batch_count(count: int) -> None:
+    if not count:
+        raise EmptyBatch("a batch must contain at least one item")
+    if count > MAX_BATCH_ITEMS:
+        raise InvalidArgument(f"a batch holds at most {MAX_BATCH_ITEMS} items, got {count}", field="items")
+
+
+def check_item_size(index: int, size: int) -> None:
+    if size > MAX_ITEM_BYTES:
+        raise PayloadTooLarge(
+            f"items[{index}] is {size} bytes as compact JSON; the limit is {MAX_ITEM_BYTES}",
+            index=index,
+            size=size,
+            limit=MAX_ITEM_BYTES,
+        )
+
+
+def check_batch_size(total: int) -> None:
     if total > MAX_BATCH_BYTES:
         raise BatchTooLarge(
             f"the batch is {total} bytes as compact JSON; the limit is {MAX_BATCH_BYTES}",
             size=total,
             limit=MAX_BATCH_BYTES,
         )
-    return PreparedBatch(tuple(encoded))

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 
 import msgspec
 
-from .errors import BatchTooLarge, ConversationFull, EmptyBatch, InvalidArgument, PayloadTooLarge
-from .limits import MAX_BATCH_BYTES, MAX_BATCH_ITEMS, MAX_CONVERSATION_ITEMS, MAX_ITEM_BYTES
+from .batch import check_batch_count, check_batch_size, check_item_size
+from .errors import ConversationFull, InvalidArgument
+from .limits import MAX_CONVERSATION_ITEMS
 from .models import micros_to_datetime, rfc3339
 
 __all__ = ["ImportedBatch", "check_imported", "import_refusal", "export_time", "export_line"]
@@ -45,10 +46,7 @@ class ImportedBatch:
 def check_imported(batch: ImportedBatch) -> ImportedBatch:
     """``batch`` if it keeps every limit and holds JSON objects only; else the error an append gets."""
     count = len(batch.items)
-    if not count:
-        raise EmptyBatch("an imported batch must contain at least one item")
-    if count > MAX_BATCH_ITEMS:
-        raise InvalidArgument(f"a batch holds at most {MAX_BATCH_ITEMS} items, got {count}", field="items")
+    check_batch_count(count)
     if batch.first_seq < 0:
         raise InvalidArgument(f"first_seq must be >= 0, got {batch.first_seq}", field="first_seq")
     if batch.next_seq > MAX_CONVERSATION_ITEMS:
@@ -59,20 +57,9 @@ def check_imported(batch: ImportedBatch) -> ImportedBatch:
             requested=count,
             limit=MAX_CONVERSATION_ITEMS,
         )
-    total = 0
     for index, raw in enumerate(batch.items):
-        if len(raw) > MAX_ITEM_BYTES:
-            raise PayloadTooLarge(
-                f"items[{index}] is {len(raw)} bytes; the limit is {MAX_ITEM_BYTES}",
-                index=index,
-                size=len(raw),
-                limit=MAX_ITEM_BYTES,
-            )
-        total += len(raw)
-    if total > MAX_BATCH_BYTES:
-        raise BatchTooLarge(
-            f"the batch is {total} bytes; the limit is {MAX_BATCH_BYTES}", size=total, limit=MAX_BATCH_BYTES
-        )
+        check_item_size(index, len(raw))
+    check_batch_size(sum(map(len, batch.items)))
     for index, raw in enumerate(batch.items):
         if not raw.startswith(b"{") or not _is_json(raw):
             raise InvalidArgument(f"items[{index}] is not a JSON object", field="items", index=index)
