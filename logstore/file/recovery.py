@@ -20,14 +20,28 @@ Everything here only reads; truncation is the caller's decision, taken under the
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .fileio import FileOps
 from .frame import Frame, Invalid, NeedMore
-from .index_codec import ENTRY_SIZE, decode_entry
+from .index_codec import ENTRY_SIZE, decode_entry, encode_entry
 from .scanner import ScanResult, ScanState, read_frame_at, scan_log
 
-__all__ = ["NO_ANCHOR", "Evidence", "IndexAnchor", "Verdict", "Recovered", "anchor_index", "judge", "recover"]
+__all__ = [
+    "NO_ANCHOR",
+    "EMPTY_STATE",
+    "Evidence",
+    "IndexAnchor",
+    "Verdict",
+    "Recovered",
+    "LogState",
+    "anchor_index",
+    "judge",
+    "recover",
+    "recovered_state",
+    "rescanned_state",
+    "absorb",
+]
 
 FrameReader = Callable[[int], Frame | NeedMore | Invalid]  # offset -> what is there
 
@@ -133,3 +147,90 @@ def recover(
         keep_frames=keep_frames,
     )
     return Recovered(anchor, scan, judge(scan, anchor.evidence))
+
+
+@dataclass(frozen=True, slots=True)
+class LogState:
+    """A conversation's published state: what recovery found, then replaced whole by every commit and
+    refresh (``dataclasses.replace``). Readers take the reference once and use it without a lock.
+
+    ``entries`` is shared, append-only storage: a state owns its first ``frames`` entries, and a newer
+    state only ever appends after them (a rebuild starts a new buffer), so an older reference stays
+    valid while it is read."""
+
+    entries: bytearray  # index entries (offset, first seq, check) of every good frame, in log order
+    frames: int = 0
+    end: int = 0  # end of the last good frame: where the next frame goes
+    next_seq: int = 0
+    created_at: int | None = None  # recorded_at of frame 0
+    last_at: int | None = None  # max recorded_at so far
+    tail_offset: int | None = None  # offset of the last good frame
+    tail_sig: bytes | None = None  # its magic + CRC bytes (the cheap "still there" check), if known
+    corrupt: tuple[int, str] | None = None  # (offset, reason): appends refused, reads stop there
+    torn_at: int | None = None  # a torn tail starts here (truncated by the next locked refresh)
+
+
+EMPTY_STATE = LogState(bytearray())
+
+
+def recovered_state(recovered: Recovered, entries: bytearray) -> LogState:
+    """The state a recovery describes: the index ``entries`` (header stripped) cut to the anchor, then
+    the frames scanned after it, then the verdict. ``entries`` becomes the state's storage."""
+    anchor = recovered.anchor
+    if anchor.frame is None:
+        return absorb(LogState(bytearray()), recovered.scan, recovered.verdict)
+    del entries[anchor.kept * ENTRY_SIZE :]
+    state = LogState(
+        entries,
+        frames=anchor.kept,
+        end=anchor.frame.end,
+        next_seq=anchor.next_seq,
+        last_at=anchor.frame.recorded_at,
+        tail_offset=anchor.frame.offset,
+    )
+    return absorb(state, recovered.scan, recovered.verdict)
+
+
+def absorb(state: LogState, scan: ScanResult, verdict: Verdict) -> LogState:
+    """``state`` followed by a scan's frames (scanned from ``state.end``) and its verdict."""
+    entries = state.entries
+    del entries[state.frames * ENTRY_SIZE :]  # never more than the state owns (defensive: a no-op)
+    frames, end, next_seq, last_at, tail = (
+        state.frames,
+        state.end,
+        state.next_seq,
+        state.last_at,
+        state.tail_offset,
+    )
+    for meta in scan.frames:
+        entries += encode_entry(meta.offset, meta.first_seq)
+        frames += 1
+        end, next_seq, tail = meta.end, meta.first_seq + meta.count, meta.offset
+        last_at = meta.recorded_at if last_at is None else max(meta.recorded_at, last_at)
+    corrupt, torn_at = state.corrupt, state.torn_at
+    if verdict.state is ScanState.CORRUPT:
+        assert verdict.stop is not None and verdict.reason is not None
+        corrupt = (verdict.stop, verdict.reason)
+    elif verdict.state is ScanState.TORN:
+        torn_at = verdict.stop
+    return replace(
+        state,
+        frames=frames,
+        end=end,
+        next_seq=next_seq,
+        last_at=last_at,
+        tail_offset=tail,
+        tail_sig=state.tail_sig if tail == state.tail_offset else None,
+        corrupt=corrupt,
+        torn_at=torn_at,
+    )
+
+
+def rescanned_state(scan: ScanResult, believed_end: int) -> LogState:
+    """The state after a full rescan (``scan`` from byte 0) of a log whose frames up to ``believed_end``
+    were served as acknowledged: a scan stopping inside them is corruption, never a torn tail (a clean
+    shorter log was cut back by a repair: take it)."""
+    evidence = None
+    if scan.state is not ScanState.CLEAN and believed_end > 0:
+        evidence = Evidence(believed_end - 1, "corrupt")
+    return recovered_state(Recovered(NO_ANCHOR, scan, judge(scan, evidence)), bytearray())

@@ -12,12 +12,20 @@ one copy of the entries under its state lock and this module owns the rules:
 from __future__ import annotations
 
 import logging
+import os
 from bisect import bisect_right
 
 from .fileio import FileOps
-from .index_codec import ENTRY_SIZE, INDEX_HEADER, INDEX_HEADER_SIZE, decode_entry, entry_first_seq
+from .index_codec import (
+    ENTRY_SIZE,
+    INDEX_HEADER,
+    INDEX_HEADER_SIZE,
+    decode_entry,
+    entry_first_seq,
+    index_entries,
+)
 
-__all__ = ["IndexMismatch", "locate", "write_index"]
+__all__ = ["IndexMismatch", "SidecarIndex", "locate", "write_index"]
 
 log = logging.getLogger("logstore")
 
@@ -26,10 +34,10 @@ class IndexMismatch(Exception):
     """The index disagreed with the log; rescan and retry."""
 
 
-def locate(entries: bytearray, first: int, stop: int, end: int) -> tuple[list[tuple[int, int]], int]:
-    """``([(offset, first_seq)] of the frames holding seqs [first, stop), end of the last one)``.
-    ``end`` is the end of the log, used when the last frame is the last entry."""
-    n = len(entries) // ENTRY_SIZE
+def locate(entries: bytearray, n: int, first: int, stop: int, end: int) -> tuple[list[tuple[int, int]], int]:
+    """``([(offset, first_seq)] of the frames holding seqs [first, stop), end of the last one)`` among
+    the first ``n`` entries (the rest belong to a newer state). ``end`` is the end of the log, used when
+    the last frame is the last entry."""
     lo = bisect_right(range(n), first, key=lambda i: entry_first_seq(entries, i)) - 1
     hi = bisect_right(range(n), stop - 1, key=lambda i: entry_first_seq(entries, i)) - 1
     if lo < 0 or hi < lo:
@@ -44,18 +52,19 @@ def locate(entries: bytearray, first: int, stop: int, end: int) -> tuple[list[tu
     return bounds[: hi - lo + 1], region_end
 
 
-def write_index(ops: FileOps, fd: int, entries: bytearray, valid: int, *, name: str) -> int:
-    """Bring the index file up to ``entries``: rewrite from entry ``valid`` (the first not known to match
-    the file), cut anything beyond. Returns the new count of matching entries. Failures only cost a later
-    rescan, never an error to the client (logged; the count returned is then the old one)."""
-    have = len(entries)
+def write_index(ops: FileOps, fd: int, entries: bytearray, n: int, valid: int, *, name: str) -> int:
+    """Bring the index file up to the first ``n`` ``entries``: rewrite from entry ``valid`` (the first
+    not known to match the file), cut anything beyond. Returns the new count of matching entries.
+    Failures only cost a later rescan, never an error to the client (logged; the count returned is then
+    the old one)."""
+    have = n * ENTRY_SIZE
     try:
         size = ops.size(fd)  # one fstat: the write below never extends past have
         if size < INDEX_HEADER_SIZE:
             valid = 0
         start = valid * ENTRY_SIZE
         if start < have:
-            chunk = bytes(entries[start:])
+            chunk = bytes(entries[start:have])
             if start == 0:
                 ops.pwrite(fd, INDEX_HEADER + chunk, 0)
             else:
@@ -66,3 +75,59 @@ def write_index(ops: FileOps, fd: int, entries: bytearray, valid: int, *, name: 
         log.warning("index write failed for %s (will be rebuilt from the log): %s", name, exc)
         return valid
     return have // ENTRY_SIZE
+
+
+class SidecarIndex:
+    """A conversation's ``.idx`` file: its descriptor and how many of its leading entries are known to
+    equal the state's. Owned by the conversation and used only under its I/O lock (readers never touch
+    it: they use the in-memory entries)."""
+
+    def __init__(self, ops: FileOps, path: str) -> None:
+        self.ops = ops
+        self.path = path
+        self.fd: int | None = None
+        self.valid = 0  # leading file entries known to equal the state's entries
+
+    def open_and_read(self) -> bytearray:
+        """Open (creating it) and return its checked-header entries; empty if it cannot be opened (the
+        index is a hint: run without one rather than fail reads). Raises ``OSError`` on a failed read."""
+        self.valid = 0
+        try:
+            self.fd = self.ops.open(self.path, os.O_RDWR | os.O_CREAT)
+        except OSError as exc:
+            log.warning("cannot open index %s: %s", self.path, exc)
+            return bytearray()
+        return bytearray(index_entries(self.ops.pread(self.fd, self.ops.size(self.fd), 0)))
+
+    def close(self) -> None:
+        if self.fd is not None:
+            try:
+                self.ops.close(self.fd)
+            except OSError:
+                pass
+        self.fd, self.valid = None, 0
+
+    def write(self, entries: bytearray, n: int) -> None:
+        if self.fd is not None:
+            self.valid = write_index(self.ops, self.fd, entries, n, self.valid, name=self.path)
+
+    def sync(self) -> None:
+        if self.fd is not None:
+            try:
+                self.ops.fdatasync(self.fd)
+            except OSError as exc:
+                log.warning("index sync failed for %s: %s", self.path, exc)
+
+    def follow_replaced(self) -> None:
+        """fsck --repair replaces an index by rename: write to the new file, not the orphaned inode."""
+        if self.fd is None:
+            return
+        try:
+            if self.ops.same_file(self.fd, self.path):
+                return
+            fd = self.ops.open(self.path, os.O_RDWR | os.O_CREAT)
+        except OSError as exc:
+            log.warning("cannot reopen replaced index %s: %s", self.path, exc)
+            return
+        self.close()
+        self.fd = fd  # valid stays 0: rewritten whole from the log-verified entries at the next commit

@@ -1,0 +1,101 @@
+"""Encoding one group commit: a frame per accepted batch, all carrying the write's start offset.
+
+Pure (no I/O, no locks): the leader calls ``encode_group`` under its locks with the state it just
+refreshed. A batch that would pass ``MAX_CONVERSATION_ITEMS`` gets ``ConversationFull`` as its outcome
+and takes no seqs; the others stay in order, each its own frame and CRC (all-or-nothing per batch).
+Appended batches share the group's time (``now``, never before the conversation's last); an imported
+batch (``logstore migrate``) keeps its source's seq and time, or is refused (``core.imported``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..core.errors import ConversationFull
+from ..core.imported import import_refusal
+from ..core.limits import MAX_CONVERSATION_ITEMS
+from .frame import encode_frame
+from .group_commit import AppendRequest
+from .index_codec import encode_entry
+
+__all__ = ["CommitInfo", "EncodedGroup", "encode_group"]
+
+
+@dataclass(frozen=True, slots=True)
+class CommitInfo:
+    """What the manifest needs to know after a commit (all times in microseconds)."""
+
+    conversation_id: str
+    created_at: int
+    last_appended_at: int
+    log_size: int
+    next_seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedGroup:
+    accepted: list[tuple[AppendRequest, int]]  # request, its first seq
+    data: bytes  # every accepted frame, back to back: one pwrite at ``write_start``
+    write_start: int
+    end: int  # write_start + len(data)
+    next_seq: int
+    tail_offset: int  # offset of the last frame
+    tail_sig: bytes  # its magic + CRC bytes
+    entries: bytes  # index entries of the frames, in order
+    first_at: int  # recorded_at of the first accepted frame (a new conversation's created_at)
+    last_at: int  # recorded_at of the last one
+
+
+def encode_group(
+    group: list[AppendRequest], *, next_seq: int, write_start: int, now: int, last_at: int | None
+) -> EncodedGroup | None:
+    """Frames for ``group`` from seq ``next_seq`` at ``write_start``; None if no batch was accepted.
+    ``last_at``: the conversation's last recorded_at (None: empty), which no frame may precede."""
+    seq, offset, first_at = next_seq, write_start, 0
+    frames: list[bytes] = []
+    entries: list[bytes] = []
+    accepted: list[tuple[AppendRequest, int]] = []
+    for req in group:
+        recorded_at = now if last_at is None else max(now, last_at)  # never goes back
+        if req.imported is not None:
+            req.error = import_refusal(req.imported, next_seq=seq, last_recorded_at=last_at)
+            recorded_at = req.imported.recorded_at
+        if req.error is None and seq + req.count > MAX_CONVERSATION_ITEMS:
+            req.error = ConversationFull(
+                f"conversation holds {seq} items; appending {req.count} would pass the limit of "
+                f"{MAX_CONVERSATION_ITEMS}",
+                stored=seq,
+                requested=req.count,
+                limit=MAX_CONVERSATION_ITEMS,
+            )
+        if req.error is not None:
+            req.done = True
+            continue
+        first_at = recorded_at if not accepted else first_at
+        last_at = recorded_at
+        frame = encode_frame(
+            first_seq=seq,
+            count=req.count,
+            recorded_at=recorded_at,
+            write_start=write_start,
+            encoded_items=req.encoded,
+        )
+        frames.append(frame)
+        entries.append(encode_entry(offset, seq))
+        accepted.append((req, seq))
+        offset += len(frame)
+        seq += req.count
+    if not accepted or last_at is None:
+        return None
+    return EncodedGroup(
+        accepted=accepted,
+        data=b"".join(frames) if len(frames) > 1 else frames[0],
+        write_start=write_start,
+        end=offset,
+        next_seq=seq,
+        tail_offset=offset - len(frames[-1]),
+        tail_sig=frames[-1][:8],
+        entries=b"".join(entries),
+        first_at=first_at,
+        last_at=last_at,
+    )
