@@ -162,14 +162,15 @@ class ConversationLog(LogHandle):
         else:
             state = self._state
             try:
-                size = self.ops.size(self._log_fd)
+                # None once erased (logstore.file.erasure) or replaced: never append to a file the path
+                # no longer names.
+                named = self.ops.size_if_named(self._log_fd, self.paths.log)
+                size = named if named is not None else -1
                 probe = probe_tail(self.ops, self._log_fd, state, size) if size >= state.end else None
                 if probe is not None and state.tail_sig is None and probe.signature is not None:
                     state = replace(state, tail_sig=probe.signature)  # the reference, read once
                     self._publish(state)
                 tail_moved = probe is None or probe.signature != state.tail_sig
-                # Erased (logstore.file.erasure) or replaced: never append to a file the path no longer names.
-                tail_moved = tail_moved or not self.ops.same_file(self._log_fd, self.paths.log)
             except OSError as exc:
                 raise self._io_error("stat", exc) from exc
             if tail_moved:  # another process cut the log back (repair): start over
@@ -203,8 +204,6 @@ class ConversationLog(LogHandle):
                 self._poison()
                 raise self._io_error("truncate torn tail", exc) from exc
             self._publish(replace(state, torn_at=None, size=state.end))
-        if locked:
-            self._index.follow_replaced()
 
     # ------------------------------------------------------------------ appends
     def append(self, request: AppendRequest) -> SeqRange:

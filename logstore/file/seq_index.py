@@ -121,7 +121,9 @@ class SidecarIndex:
             first = decode_entry(entries, self.valid)  # the first entry not in the file yet
             if first is not None and end - first[0] < LAG_BYTES:
                 return
-        self.valid = write_index(self.ops, self.fd, entries, n, self.valid, name=self.path)
+        self.follow_replaced()
+        if self.fd is not None:
+            self.valid = write_index(self.ops, self.fd, entries, n, self.valid, name=self.path)
 
     def sync(self) -> None:
         if self.fd is not None:
