@@ -297,8 +297,8 @@ class ConversationLog(LogHandle):
     def sync_index(self) -> None:
         """fdatasync the index (on clean close), so the next open scans less of the log."""
         with self._io_lock:
-            state = self._state
-            self._index.write(state.entries, state.frames, state.end, force=True)
+            if not self._closed and self._loaded and self._log_fd is not None:
+                self._trim_io()  # the index is written under the file lock only (a stale writer cuts)
             self._index.sync()
 
     # ------------------------------------------------------------------ reads
