@@ -83,3 +83,19 @@ def test_a_v1_log_is_appended_in_v1_without_a_tail(tmp_path):
     with Store(data) as store:  # and a new conversation beside it is v2
         store.append(site, "conv-new-v2-01", ITEMS)
     assert {f.version for f in log_frames(conversation_paths(data, site, "conv-new-v2-01").log)} == {2}
+
+
+def test_a_tail_trimmed_by_another_handle_is_noticed_and_regrown(tmp_path):
+    """Two stores (as two processes) on one conversation: one trims the tail the other preallocated;
+    the other's next commit must see the new size and grow a chunk again, not extend the file per
+    commit."""
+    data = str(tmp_path / "data")
+    log = conversation_paths(data, SITE, "conv-two-01").log
+    with Store(data) as a:
+        a.append(SITE, "conv-two-01", ITEMS)  # a preallocates
+        with Store(data) as b:
+            b.append(SITE, "conv-two-01", ITEMS)  # b appends into a's chunk...
+        assert os.path.getsize(log) == _end(log)  # ...and trims it on close
+        a.append(SITE, "conv-two-01", ITEMS)
+        assert os.path.getsize(log) > _end(log)  # a noticed and grew a fresh chunk
+        assert [it.seq for it in a.replay(SITE, "conv-two-01", 0, 100)] == list(range(30))

@@ -192,6 +192,8 @@ class ConversationLog(LogHandle):
                 self._publish(
                     self._with_created_at(absorb(replace(state, torn_at=None), result, judge(result, None)))
                 )
+            elif size != state.size and size >= state.end:  # another process grew or trimmed the tail
+                self._publish(replace(state, size=size))
         state = self._state
         if not locked and state.corrupt is not None and state.corrupt != damage_before:
             self._confirm_damage()
