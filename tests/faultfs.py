@@ -300,6 +300,11 @@ class FaultFS(FileOps):
             self._begin("size")
         return super().linked_size(fd)
 
+    def size_if_named(self, fd: int, path: str) -> int | None:
+        with self._mutex:
+            self._begin("size")
+        return super().size_if_named(fd, path)
+
     # ------------------------------------------------------------------ durability
     def fdatasync(self, fd: int) -> None:
         self._sync(fd, "fdatasync")

@@ -20,6 +20,7 @@ from logstore.file.frame import Frame, encode_frame, encode_items
 from logstore.file.index_codec import encode_entry
 from logstore.file.layout import conversation_paths
 from logstore.file.manifest_codec import decode_records, encode_record
+from logstore.fsck import check_index
 from logstore.fsck.check import check
 from tests.corruption import append_garbage, flip_byte, rewrite_frame, truncate, write_at, zero_range
 from tests.helpers import log_frames
@@ -117,9 +118,10 @@ def torn_partial_frame(w: World) -> Expect:
 
 
 def torn_zeros(w: World) -> Expect:
+    """Zeros then one other byte: not a v2 log's unused tail (that is all zeros to the end), torn."""
     size = os.path.getsize(w.paths().log)
-    append_garbage(w.paths().log, b"\0" * 4096)
-    return Expect("torn-tail", w.rel(w.paths().log), size, None, broken=b"\0" * 4096)
+    append_garbage(w.paths().log, b"\0" * 4095 + b"\x01")
+    return Expect("torn-tail", w.rel(w.paths().log), size, None, broken=b"\0" * 4095 + b"\x01")
 
 
 def torn_group_commit(w: World) -> Expect:
@@ -224,6 +226,7 @@ def index_entry_flipped(w: World) -> Expect:
 
 
 def index_lags(w: World) -> Expect:
+    """Lagging by more than the engine's bound (seq_index.LAG_FRAMES, set to 1 for this world)."""
     truncate(w.paths().index, -32)
     return Expect("index-stale", w.rel(w.paths().index), 16 + 3 * 16, (9, 14))
 
@@ -353,7 +356,8 @@ def _find(report, expect: Expect):
 
 
 @pytest.mark.parametrize("damage", CASES, ids=lambda f: f.__name__)
-def test_corruption_matrix(world, damage):
+def test_corruption_matrix(world, damage, monkeypatch):
+    monkeypatch.setattr(check_index, "LAG_FRAMES", 1)  # any lag is index-stale (the bound: see below)
     expect = damage(world)
     log_before = world.read(world.paths().log) if os.path.exists(world.paths().log) else b""
 
@@ -451,7 +455,7 @@ def test_clean_data_dir_is_clean_and_counted(world):
 def test_torn_tail_repair_keeps_group_commit_frames_that_precede_it(world):
     """Only bytes after the last good frame go: a repaired log reads back every acknowledged item."""
     append_garbage(world.paths().log, b"LSF\x01" + b"\xff" * 100)
-    append_garbage(world.paths(C2).log, b"\0" * 10)
+    append_garbage(world.paths(C2).log, b"\0" * 9 + b"\x5a")  # all zeros would be a v2 unused tail
     report = check(world.data_dir, repair=True)
     assert sorted(f.conversation for f in report.findings if f.kind == "torn-tail") == [C1, C2]
     with Store(world.data_dir) as store:
@@ -459,9 +463,27 @@ def test_torn_tail_repair_keeps_group_commit_frames_that_precede_it(world):
             assert store.replay(SITE, cid, 0, 1000) == world.items[cid]
 
 
+def test_an_index_lagging_within_the_engines_bound_is_no_finding(world):
+    """The engine writes the index in batches (seq_index.LAG_FRAMES / LAG_BYTES): a lag inside that
+    bound is its normal state while a writer runs or after a kill -9, not damage."""
+    truncate(world.paths().index, -32)  # two frames not indexed
+    assert check(world.data_dir).findings == []
+
+
+def test_a_v2_logs_zero_tail_is_unused_space_reported_not_a_finding(world):
+    size = os.path.getsize(world.paths().log)
+    append_garbage(world.paths().log, b"\0" * 70_000)  # what a crash leaves: a preallocated chunk
+    report = check(world.data_dir, repair=True)
+    assert report.findings == [] and report.preallocated_bytes == 70_000
+    assert os.path.getsize(world.paths().log) == size + 70_000  # repair leaves it: the engine trims
+    with Store(world.data_dir) as store:
+        assert store.replay(SITE, C1, 0, 1000) == world.items[C1]
+    assert os.path.getsize(world.paths().log) == size  # opened and closed cleanly: trimmed
+
+
 def test_filters_select_site_and_conversation(world):
-    append_garbage(world.paths(C1).log, b"\0" * 8)
-    append_garbage(world.paths(C2).log, b"\0" * 8)
+    append_garbage(world.paths(C1).log, b"\x5a" * 8)
+    append_garbage(world.paths(C2).log, b"\x5a" * 8)
     only = check(world.data_dir, conversation=C2)
     assert [(f.kind, f.conversation) for f in only.findings] == [("torn-tail", C2)]
     assert only.conversations == 1

@@ -54,7 +54,7 @@ def test_round_trip_fields():
 
 def test_layout_matches_format_doc():
     raw = make(first_seq=0, items=[b"{}"], recorded_at=1, write_start=0)
-    assert raw[:4] == MAGIC == b"LSF\x01"
+    assert raw[:4] == MAGIC == b"LSF\x02"
     length = struct.unpack_from("<I", raw, 8)[0]
     assert length == len(raw) - 12 == 28 + 4 + 2
     assert struct.unpack_from("<I", raw, 4)[0] == crc32c(raw[8:])  # CRC covers the length field too
@@ -68,9 +68,20 @@ def test_decode_header_probe():
     assert decode_header(b"\0" * 64) is None
 
 
+def test_v1_frames_have_the_v2_layout_and_stay_decodable():
+    fields = dict(first_seq=5, count=1, recorded_at=9, write_start=3, encoded_items=encode_items([b"{}"]))
+    v1, v2 = encode_frame(**fields, version=1), encode_frame(**fields)
+    assert v1[:4] == b"LSF\x01" and v2[:4] == b"LSF\x02" and v1[4:] == v2[4:]  # only the version differs
+    a, b = decode_frame(v1), decode_frame(v2)
+    assert isinstance(a, Frame) and isinstance(b, Frame)
+    assert (a.version, b.version) == (1, 2) and a.items == b.items == (b"{}",)
+    header = decode_header(v1)
+    assert header is not None and header.version == 1
+
+
 def test_unknown_version_is_unsupported_not_bad_magic():
     raw = bytearray(make())
-    raw[3] = 2  # b"LSF" + a version this build does not know
+    raw[3] = 3  # b"LSF" + a version this build does not know
     assert decode_frame(raw) == Invalid(0, "unsupported-version")
     raw[0] ^= 0xFF
     assert decode_frame(raw) == Invalid(0, "bad-magic")

@@ -58,7 +58,7 @@ def test_fsck_clean_prints_a_summary_and_no_progress_off_a_tty(sample, capsys):
 def test_fsck_exit_codes_and_json_through_a_torn_tail_repair(sample, capsys):
     data_dir, _ = sample
     size = os.path.getsize(paths(data_dir).log)
-    append_garbage(paths(data_dir).log, b"\0" * 100)
+    append_garbage(paths(data_dir).log, b"\x5a" * 100)  # all zeros would be a v2 log's unused tail
 
     assert main(["fsck", data_dir, "--json"]) == 4
     doc = json.loads(capsys.readouterr().out)
@@ -155,14 +155,23 @@ def test_dump_shows_bad_frames_and_resyncs(sample, capsys):
     data_dir, _ = sample
     bad = frames(data_dir)[1]
     flip_byte(paths(data_dir).log, bad.offset + 45)
-    append_garbage(paths(data_dir).log, b"\0" * 7)
+    append_garbage(paths(data_dir).log, b"\x00\x5a" * 7)
     assert main(["dump", data_dir, SITE, CID]) == 4
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 5
     assert lines[1].startswith(f"offset: {bad.offset} size: {bad.size} seqs: 1..2")
     assert "crc: bad (crc-mismatch" in lines[1]
     assert lines[2].endswith("crc: ok")
-    assert "size: 7" in lines[4] and "crc: bad (bad-magic" in lines[4]
+    assert "size: 14" in lines[4] and "crc: bad (bad-magic" in lines[4]
+
+
+def test_dump_shows_a_v2_zero_tail_as_unused_space(sample, capsys):
+    data_dir, _ = sample
+    size = os.path.getsize(paths(data_dir).log)
+    append_garbage(paths(data_dir).log, b"\0" * 4096)
+    assert main(["dump", data_dir, SITE, CID]) == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last.startswith(f"offset: {size} size: 4096") and "unused" in last
 
 
 def test_dump_file_shows_what_a_repair_saved(sample, capsys):

@@ -61,7 +61,29 @@ MATRIX: dict[str, Callable[[ConversationPaths], None]] = {
     ),
     "index-points-past-end": lambda p: truncate(p.log, _last(p) + 3),
     "garbage-over-last-frame": lambda p: write_at(p.log, _last(p), b"\x5a" * 12),
+    # Preallocation (v2): what a crash leaves at the end, and holes.
+    "chunk-tail": lambda p: append_garbage(p.log, b"\0" * 70_000),
+    "chunk-tail-one-flip": lambda p: append_garbage(p.log, b"\0" * 3000 + b"\x01" + b"\0" * 3000),
+    "last-frame-zeroed-in-chunk": lambda p: (
+        zero_range(p.log, _last(p), os.path.getsize(p.log) - _last(p)),
+        append_garbage(p.log, b"\0" * 4096),
+    ),
+    "last-frame-zeroed-in-chunk-no-index": lambda p: (
+        zero_range(p.log, _last(p), os.path.getsize(p.log) - _last(p)),
+        append_garbage(p.log, b"\0" * 4096),
+        _remove_index(p),
+    ),
+    "mid-frame-zeroed-no-index": lambda p: (zero_range(p.log, _mid(p), 50), _remove_index(p)),
+    "newer-version-last-frame": lambda p: write_at(p.log, _last(p) + 3, b"\x07"),
+    "newer-version-last-frame-no-index": lambda p: (write_at(p.log, _last(p) + 3, b"\x07"), _remove_index(p)),
 }
+
+
+def _as_v1(p: ConversationPaths) -> None:
+    """Rewrite every frame's version byte to 1: a log as the previous release wrote it (the layout is
+    the same and the CRC does not cover the magic)."""
+    for frame in log_frames(p.log):
+        write_at(p.log, frame.offset + 3, b"\x01")
 
 
 def _engine(data_dir: str) -> Verdict:
@@ -92,14 +114,17 @@ def _fsck(data_dir: str, paths: ConversationPaths) -> Verdict:
     return ("ok", sum(f.count for f in frames if not torn or f.offset < torn[0]))
 
 
+@pytest.mark.parametrize("version", [1, 2])
 @pytest.mark.parametrize("damage", sorted(MATRIX))
-def test_engine_fsck_and_export_agree(tmp_path, damage):
+def test_engine_fsck_and_export_agree(tmp_path, damage, version):
     data_dir = str(tmp_path / "data")
     with Store(data_dir) as store:
         for b in range(BATCHES):
             store.append(SITE, CID, [{"b": b, "k": k} for k in range(PER_BATCH)])
     paths = conversation_paths(data_dir, SITE, CID)
-    mid = _mid(paths)
+    if version == 1:
+        _as_v1(paths)
+    mid, last = _mid(paths), _last(paths)
     MATRIX[damage](paths)
     # fsck and export first: the engine's next append would cut a torn tail, but a replay never writes.
     fsck, export = _fsck(data_dir, paths), _export(paths)
@@ -109,3 +134,10 @@ def test_engine_fsck_and_export_agree(tmp_path, damage):
         assert engine == ("ok", BATCHES * PER_BATCH)  # the probe does tell a good log from a bad one
     if damage == "mid-frame-crc":
         assert engine == ("corrupt", mid)
+    if damage in ("chunk-tail", "chunk-tail-one-flip", "last-frame-zeroed-in-chunk-no-index"):
+        expect = BATCHES * PER_BATCH - (PER_BATCH if "zeroed" in damage else 0)
+        assert engine == ("ok", expect)  # unused space (v2) or a torn tail (v1): nothing acknowledged lost
+    if damage == "last-frame-zeroed-in-chunk":  # the index proves the zeroed frame was acknowledged
+        assert engine == ("corrupt", last)
+    if damage.startswith("newer-version"):  # never cut as a torn tail: a newer release's data
+        assert engine == ("corrupt", last)

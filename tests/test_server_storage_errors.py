@@ -19,7 +19,8 @@ from logstore.file.credentials import CredentialsFile
 from logstore.file.layout import conversation_paths
 from server.mcp_app import build_mcp_server, spec_bindings
 from server.tool_errors import error_body
-from tests.corruption import file_size, flip_byte
+from tests.corruption import flip_byte
+from tests.helpers import log_frames
 from tests.server_support import MODES, call, connect, error_of, serve
 
 pytestmark = pytest.mark.anyio
@@ -39,12 +40,14 @@ def prepared(tmp_path_factory):
         for b in range(400):  # 99,999 items: one below the spec's 100,000
             store.append("alpha", FULL, [{"i": b * 250 + i} for i in range(250 if b < 399 else 249)])
         store.append("alpha", CORRUPT, [{"frame": 1}])
-        second_frame = file_size(log_path)
         store.append("alpha", CORRUPT, [{"frame": 2}])
         store.append(
             "alpha", CORRUPT, [{"frame": 3}]
         )  # data after the bad frame: corruption, not a torn tail
-    flip_byte(log_path, second_frame + file_size(log_path) // 6, 0x01)
+    # The frames, not the file size: while a store has a log open, a v2 log has a preallocated tail.
+    second = log_frames(log_path)[1]
+    second_frame = second.offset
+    flip_byte(log_path, second_frame + second.size // 2, 0x01)
     with serve(data_dir, "--lock-timeout", "0.3") as running:
         yield running, second_frame
 

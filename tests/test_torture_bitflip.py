@@ -17,6 +17,12 @@ and a fresh ``Store`` is opened on the damaged copy:
 Besides single-byte flips, a 24-byte zero burst is written at every 5th offset of the log (a torn or
 zeroed region inside acknowledged data: detected the same way).
 
+Format v2 (issue 12): the same sample, copied while its store is still open (what a crash leaves: a
+preallocated chunk after the last frame, the index lagging), gets a flip at every 97th byte of that zero
+tail (every 7th in long mode), with and without its index (a stale chunk after a power loss): every read
+returns every acknowledged item, never ``Corrupted``; the next append lands at the right seq and cuts
+the flipped bytes (never acknowledged); a clean close trims the tail.
+
 Default: three masks per byte (0x01, 0x80, 0xFF). LOGSTORE_LONG=1: every single-bit mask and 0xFF over a
 sample three times as long.
 """
@@ -275,3 +281,68 @@ def test_every_byte_of_a_log_and_its_index():
     FIGURES.flips_detected += detected
     FIGURES.index_flips_repaired += repaired
     FIGURES.sections["bit flips"] = time.monotonic() - started
+
+
+TAIL_STEP = 7 if LONG else 97
+
+
+def _check_tail_flip(data_dir: str, log_path: str, end: int, damaged: bytes, payloads: list[dict]) -> None:
+    total = len(payloads)
+    with Store(data_dir, file_ops=NO_SYNC_OPS) as store:
+        if [i.payload for i in store.replay(SITE, CID, 0, total + 10)] != payloads:
+            raise TortureFailure("replay does not return every acknowledged item")
+        if [i.payload for i in store.recall(SITE, CID, 3)] != payloads[-3:]:
+            raise TortureFailure("recall does not return the last acknowledged items")
+        if store.append(SITE, CID, [{"after": "tail flip"}]).first != total:
+            raise TortureFailure("the append after the flip landed at the wrong seq")
+    with open(log_path, "rb") as f:
+        after = f.read()
+    if after[:end] != damaged[:end]:
+        raise TortureFailure("acknowledged bytes changed")
+    frames = frames_in(after)
+    if sum(f.count for f in frames) != total + 1 or frames[-1].end != len(after):
+        raise TortureFailure(f"after a clean close the log is not its frames exactly ({len(after)} bytes)")
+
+
+def test_flips_in_a_zero_tail_and_a_stale_chunk():
+    started = time.monotonic()
+    root = scratch_dir("tailflip-")
+    try:
+        data = os.path.join(root, "data")
+        with Store(data, file_ops=NO_SYNC_OPS) as store:  # the store stays open: its chunk is not trimmed
+            for r in range(12):
+                store.append(SITE, CID, [{"r": r, "k": k, "pad": "z" * (r * 7)} for k in range(1 + r % 4)])
+            payloads = [i.payload for i in store.replay(SITE, CID, 0, 1000)]
+            crashed = os.path.join(root, "crashed")
+            shutil.copytree(data, crashed)
+        paths = conversation_paths(crashed, SITE, CID)
+        pristine = _snapshot(crashed)
+        log = pristine[paths.log]
+        end = frames_in(log)[-1].end
+        assert len(log) - end >= 60_000 and not any(log[end:]), "expected a preallocated zero tail"
+        assert len(pristine[paths.index]) < INDEX_HEADER_SIZE + ENTRY_SIZE * len(frames_in(log)), "index lags"
+        flips = 0
+        for drop_index in (False, True):
+            for pos in range(end, len(log), TAIL_STEP):
+                for mask in (0x01, 0x80, 0xFF):
+                    _restore(crashed, pristine)
+                    if drop_index:
+                        os.unlink(paths.index)
+                    damaged = bytearray(log)
+                    damaged[pos] ^= mask
+                    with open(paths.log, "wb") as f:
+                        f.write(damaged)
+                    try:
+                        _check_tail_flip(crashed, paths.log, end, bytes(damaged), payloads)
+                    except (TortureFailure, LogstoreError) as exc:
+                        index = "dropped" if drop_index else "kept"
+                        raise TortureFailure(
+                            f"tail byte {pos} ^ {mask:#04x} (index {index}): {exc!r}"
+                        ) from exc
+                    flips += 1
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    FIGURES.tail_flips += flips
+    FIGURES.flips += flips
+    FIGURES.batches_verified += flips * 12  # every acknowledged batch, after every flip
+    FIGURES.sections["bit flips (zero tail)"] = time.monotonic() - started

@@ -182,15 +182,40 @@ def check_image_with_recovery_crashes(
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+class ChunkAwareFS(FaultFS):
+    """Names the commit each crash point falls in: one that grows a v2 log by a zero-filled chunk (its
+    pwrite ends with the zeros), or the first one after it into that fresh chunk (format v2, issue 12)."""
+
+    phase: str | None = None
+    _grown: frozenset[int] = frozenset()  # descriptors of logs just grown
+
+    def pwrite(self, fd: int, data: bytes | memoryview, offset: int) -> None:
+        data = bytes(data)
+        if len(data) > 4096 and not any(data[-4096:]):
+            self.phase, self._grown = "growth", self._grown | {fd}
+        elif fd in self._grown:
+            self.phase, self._grown = "fresh", self._grown - {fd}
+        super().pwrite(fd, data, offset)
+
+    def fdatasync(self, fd: int) -> None:
+        try:
+            super().fdatasync(fd)
+        finally:
+            self.phase = None
+
+
 @pytest.mark.parametrize("seed", SEEDS)
 def test_power_loss_at_every_crash_point(tmp_path, seed):
     started = time.monotonic()
     oracle = Oracle()
     rng = random.Random(seed * 7919)
-    stats = {"points": 0, "states": 0, "verified": 0}
+    stats = {"points": 0, "states": 0, "verified": 0, "growth": 0, "fresh": 0}
 
     def hook(fs: FaultFS, point: int) -> None:
         stats["points"] += 1
+        phase = getattr(fs, "phase", None)
+        if phase is not None:
+            stats[phase] += 1
         acked = oracle.snapshot()
         known = dict(oracle.batches)
         convs = oracle.conversations()
@@ -209,7 +234,7 @@ def test_power_loss_at_every_crash_point(tmp_path, seed):
             image = fs.crash_image(rng, "random")
             check_image_with_recovery_crashes(image, acked, known, convs, f"p{point}n", rng)
 
-    fs = FaultFS(str(tmp_path / "root"), crash_hook=hook, rng=random.Random(seed))
+    fs = ChunkAwareFS(str(tmp_path / "root"), crash_hook=hook, rng=random.Random(seed))
     workload(fs, str(tmp_path / "root" / "data"), oracle, seed)
     # The finished workload, recovered without a crash, is the last state.
     final = fs.crash_image(rng, "keep")
@@ -217,8 +242,11 @@ def test_power_loss_at_every_crash_point(tmp_path, seed):
         final, oracle.snapshot(), dict(oracle.batches), oracle.conversations(), "end"
     )
     assert stats["points"] > 100, stats  # the workload really exercised the disk
+    assert stats["growth"] > 0 and stats["fresh"] > 0, stats  # ...and v2's chunk growth
     assert len(oracle.acked) >= 30
     FIGURES.crash_points += stats["points"]
+    FIGURES.chunk_growth_points += stats["growth"]
+    FIGURES.fresh_chunk_points += stats["fresh"]
     FIGURES.states_checked += stats["states"] + 1
     FIGURES.batches_verified += stats["verified"]
     FIGURES.sections[f"power loss (seed {seed})"] = time.monotonic() - started

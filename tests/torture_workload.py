@@ -55,6 +55,8 @@ class Figures:
     crash_points: int = 0
     states_checked: int = 0
     recovery_crash_points: int = 0
+    chunk_growth_points: int = 0  # of crash_points: in a commit that grows a v2 log by a zero chunk
+    fresh_chunk_points: int = 0  # of crash_points: in the first commit into a freshly grown chunk
     io_fault_runs: int = 0
     io_faults_injected: int = 0
     kills: int = 0
@@ -62,6 +64,7 @@ class Figures:
     flips_detected: int = 0
     flips_torn_tail: int = 0  # no index, damage in the last write: read as a torn tail (see bit-flip test)
     index_flips_repaired: int = 0
+    tail_flips: int = 0  # in a v2 log's preallocated zero tail / a chunk a crash left: never acknowledged
     batches_verified: int = 0
     lost: int = 0
     sections: dict[str, float] = field(default_factory=dict)  # wall seconds per torture test
@@ -70,6 +73,8 @@ class Figures:
         out = [
             f"crash points explored         {self.crash_points}"
             f" (+{self.recovery_crash_points} during recovery)",
+            f"  of which in a chunk growth   {self.chunk_growth_points}, in the first write into a fresh "
+            f"chunk {self.fresh_chunk_points}",
             f"power-loss states checked     {self.states_checked}",
             f"I/O fault runs                {self.io_fault_runs} ({self.io_faults_injected} faults injected)",
             f"kill -9                       {self.kills}",
@@ -77,6 +82,8 @@ class Figures:
             f"Corrupted at the frame's offset, {self.index_flips_repaired} in the index repaired,",
             f"                              {self.flips_torn_tail} in the last write of a log without its "
             "index taken for a torn tail",
+            f"                              {self.tail_flips} in the zero tail of a crashed v2 log (with and "
+            "without its index): cut as torn, nothing acknowledged lost",
             f"acknowledged batches verified {self.batches_verified}",
             f"acknowledged batches lost     {self.lost}",
         ]

@@ -196,7 +196,8 @@ def _summary_line(report: CheckReport) -> str:
     rate = f" ({s['mb_per_s']} MB/s)" if s["mb_per_s"] is not None else ""
     text = (
         f"{s['sites']} site(s), {s['conversations']} conversation(s), {s['frames']} frame(s), "
-        f"{s['items']} item(s), {report.bytes / 1e6:.1f} MB checked in {report.elapsed:.2f} s{rate}: "
+        f"{s['items']} item(s), {report.bytes / 1e6:.1f} MB checked in {report.elapsed:.2f} s{rate} "
+        f"({report.preallocated_bytes / 1e6:.1f} MB preallocated, unused): "
         f"{s['errors']} error(s), {s['fixed']} fixed, {s['warnings']} warning(s)"
     )
     if s["operational"]:
@@ -261,7 +262,12 @@ def _format_record(record: DumpRecord) -> str:
             parts.append(f"recorded_at: {record.recorded_at}us (out of range)")
     if record.write_start is not None:
         parts.append(f"write_start: {record.write_start}")
-    parts.append("crc: ok" if record.ok else f"crc: bad ({record.status}; header unverified, bytes skipped)")
+    if record.unused:
+        parts.append("unused: a v2 log's preallocated zero tail")
+    else:
+        parts.append(
+            "crc: ok" if record.ok else f"crc: bad ({record.status}; header unverified, bytes skipped)"
+        )
     return " ".join(parts)
 
 
@@ -313,7 +319,7 @@ def cmd_dump(args: argparse.Namespace) -> int:
         bad = 0
         out = sys.stdout
         for record in dump_frames(OS_FILE_OPS, paths, from_seq=args.from_seq, items=args.items):
-            bad += not record.ok
+            bad += not (record.ok or record.unused)
             if args.json:
                 out.write(json.dumps(_record_json(record)) + "\n")
                 continue

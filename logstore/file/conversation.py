@@ -24,33 +24,35 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
 
 from ..core import observe
-from ..core.errors import Corrupted, Io, Unavailable
+from ..core.errors import Corrupted, Io, Timeout, Unavailable
 from ..core.models import MemoryItem, SeqRange
 from .fileio import FileOps
-from .frame import Frame, decode_header
-from .group_commit import AppendRequest, GroupCommit, ReaderGuard
+from .frame import Frame
+from .group_commit import AppendRequest, GroupCommit
 from .layout import ConversationPaths
-from .locking import PathLock
+from .log_handle import LogHandle
 from .log_reads import corrupted, decode_region, items_of
-from .log_tail import cut_back, cut_failed_write, truncate_torn
-from .log_writer import CommitInfo, encode_group
+from .log_tail import (
+    nothing_after,
+    probe_tail,
+    trim,
+    truncate_torn,
+    unchanged,
+)
+from .log_writer import CommitInfo, encode_group, write_group
 from .recovery import (
-    EMPTY_STATE,
     LogState,
     absorb,
     judge,
-    recover,
-    recovered_state,
     rescanned_state,
 )
 from .scanner import scan_log
-from .seq_index import IndexMismatch, SidecarIndex, locate
+from .seq_index import IndexMismatch, locate
 
 __all__ = ["ConversationLog", "AppendRequest", "CommitInfo"]
 
@@ -61,7 +63,7 @@ def _now_us() -> int:
     return time.time_ns() // 1000
 
 
-class ConversationLog:
+class ConversationLog(LogHandle):
     def __init__(
         self,
         ops: FileOps,
@@ -72,28 +74,10 @@ class ConversationLog:
         on_create: Callable[[str], None] | None = None,
         on_commit: Callable[[CommitInfo], None] | None = None,
     ) -> None:
-        self.ops = ops
-        self.conversation_id = conversation_id
-        self.paths = paths
-        self.lock_timeout = lock_timeout
+        super().__init__(ops, conversation_id, paths, lock_timeout=lock_timeout)
         self._on_create = on_create
         self._on_commit = on_commit
-        # Owned by this object alone and closed only by ``close`` (under ``_io_lock``, after which no
-        # commit can start): see logstore/locking.py for why there is no shared registry.
-        self._file_lock = PathLock(paths.lock)
-        self._directory_ready = ops.exists(paths.directory)
-        self._state_lock = threading.Lock()  # guards swapping ``_state`` and ``_generation``; brief
-        self._io_lock = threading.Lock()  # one thread at a time touches descriptors/refreshes
         self._group = GroupCommit(self._commit_io)
-        self._closed = False
-        self._fd_readers = ReaderGuard()
-        self._generation = 0  # bumped whenever descriptors are closed or state is rebuilt
-        # Start of a failed write whose cleanup (truncate + fdatasync) failed too; survives reloads.
-        self._unsafe_from: int | None = None
-        self._state: LogState = EMPTY_STATE
-        self._log_fd: int | None = None
-        self._index = SidecarIndex(ops, paths.index)
-        self._loaded = False
 
     @property
     def next_seq(self) -> int:
@@ -108,65 +92,37 @@ class ConversationLog:
         return CommitInfo(self.conversation_id, state.created_at, state.last_at, state.end, state.next_seq)
 
     def close(self) -> None:
+        """Trim the unused tail (if the lock is free at once), write the index, close everything."""
         with self._io_lock:
-            self._closed = True
-            self._close_fds()
-            self._file_lock.close()
+            try:
+                if not self._closed and self._loaded and self._log_fd is not None:
+                    self._trim_io()
+            finally:
+                self._closed = True
+                self._close_fds()
+                self._file_lock.close()
 
-    def _close_fds(self) -> None:
-        with self._fd_readers.exclusive():
-            self._generation += 1
-            if self._log_fd is not None:
-                try:
-                    self.ops.close(self._log_fd)
-                except OSError:
-                    pass
-            self._log_fd = None
-            self._index.close()
-            self._loaded = False
-
-    def _io_error(self, action: str, exc: OSError) -> Io:
-        return Io(
-            f"{action} failed for conversation log {self.paths.log}: {exc.strerror or exc}", errno=exc.errno
-        )
-
-    def _publish(self, state: LogState) -> None:
-        with self._state_lock:
-            self._state = state
-
-    # ------------------------------------------------------------------ loading and recovery
-    def _load_locked_io(self) -> None:
-        """(Re)build state from disk. Caller holds ``_io_lock`` and ``_state_lock``. Never modifies files."""
-        self._close_fds()  # the old state stays published until the new one replaces it whole
+    def _trim_io(self) -> None:
+        """Clean close or eviction: give back the preallocated tail and bring the index up to the log,
+        so a closed conversation costs no unused chunk and its next open scans nothing. Best effort."""
         try:
-            self._log_fd = self.ops.open(self.paths.log, os.O_RDWR)
-        except FileNotFoundError:
-            self._state, self._loaded = EMPTY_STATE, True
-            return
-        except OSError as exc:
-            self._state = EMPTY_STATE
-            raise self._io_error("open", exc) from exc
-        try:
-            # Index first, log size second: an entry is written only after its frame is fdatasynced,
-            # so every entry read here is for a frame the later stat covers. The other order let an
-            # append by another process in between look like a missing acknowledged frame (Corrupted).
-            entries = self._index.open_and_read()
-            recovered = recover(self.ops, self._log_fd, entries, self.ops.size(self._log_fd))
-            if recovered.anchor.wrong:
-                log.warning("index %s disagrees with the log; rebuilding", self.paths.index)
-            self._index.valid = recovered.anchor.kept
-            self._state = self._with_created_at(recovered_state(recovered, entries))
-        except OSError as exc:
-            self._close_fds()
-            self._state = EMPTY_STATE
-            raise self._io_error("recovery read", exc) from exc
-        self._loaded = True
-
-    def _with_created_at(self, state: LogState) -> LogState:
-        if state.created_at is not None or state.next_seq == 0 or self._log_fd is None:
-            return state
-        header = decode_header(self.ops.pread(self._log_fd, 64, 0))
-        return replace(state, created_at=header.recorded_at if header else state.last_at)
+            if self._state.size <= self._state.end and self._index.valid >= self._state.frames:
+                return  # nothing to give back, nothing to index: no lock taken
+            try:
+                self._file_lock.acquire(0.0)  # one try: closing never waits on another process
+            except Timeout:
+                return  # another process is appending: it owns the tail now
+            try:
+                self._refresh_io(locked=True)
+                state = self._state
+                if state.size > state.end and state.corrupt is None and self._log_fd is not None:
+                    trim(self.ops, self._log_fd, state.end)
+                    self._publish(replace(state, size=state.end))
+                self._index.write(state.entries, state.frames, state.end, force=True)
+            finally:
+                self._file_lock.release()
+        except (OSError, Io, Unavailable) as exc:
+            log.warning("could not trim %s on close: %s", self.paths.log, exc)
 
     # ------------------------------------------------------------------ freshness
     def _ensure_fresh(self) -> None:
@@ -174,8 +130,14 @@ class ConversationLog:
         if self._closed:
             raise Unavailable("store is closed")
         if self._loaded and self._log_fd is not None and not self._group.leader_active:
+            state = self._state
             try:
-                if self.ops.linked_size(self._log_fd) == self._state.end:  # None once erased: never served
+                size = self.ops.linked_size(self._log_fd)  # None once erased: never served
+                if size == state.end or (
+                    size == state.size
+                    and state.torn_at is None
+                    and nothing_after(self.ops, self._log_fd, state.end)
+                ):
                     return
             except OSError:
                 pass
@@ -193,22 +155,28 @@ class ConversationLog:
         write in flight and is left alone. With it, a torn tail is truncated (never acknowledged)."""
         if self._closed:
             raise Unavailable("store is closed")
+        damage_before = self._state.corrupt if self._loaded else None
         if not self._loaded or self._log_fd is None:
             with self._state_lock:
                 self._load_locked_io()
         else:
             state = self._state
             try:
-                size = self.ops.size(self._log_fd)
-                tail_moved = size < state.end or not self._tail_matches()
-                # Erased (logstore.file.erasure) or replaced: never append to a file the path no longer names.
-                tail_moved = tail_moved or not self.ops.same_file(self._log_fd, self.paths.log)
+                # None once erased (logstore.file.erasure) or replaced: never append to a file the path
+                # no longer names.
+                named = self.ops.size_if_named(self._log_fd, self.paths.log)
+                size = named if named is not None else -1
+                probe = probe_tail(self.ops, self._log_fd, state, size) if size >= state.end else None
+                if probe is not None and state.tail_sig is None and probe.signature is not None:
+                    state = replace(state, tail_sig=probe.signature)  # the reference, read once
+                    self._publish(state)
+                tail_moved = probe is None or probe.signature != state.tail_sig
             except OSError as exc:
                 raise self._io_error("stat", exc) from exc
             if tail_moved:  # another process cut the log back (repair): start over
                 with self._state_lock:
                     self._load_locked_io()
-            elif size > state.end and state.corrupt is None:
+            elif size > state.end and state.corrupt is None and not unchanged(state, size, probe):
                 try:
                     result = scan_log(
                         self.ops,
@@ -216,6 +184,7 @@ class ConversationLog:
                         start=state.end,
                         expected_seq=state.next_seq,
                         last_recorded_at=state.last_at,
+                        last_version=state.version,
                         file_size=size,
                     )
                 except OSError as exc:
@@ -223,7 +192,12 @@ class ConversationLog:
                 self._publish(
                     self._with_created_at(absorb(replace(state, torn_at=None), result, judge(result, None)))
                 )
+            elif size != state.size and size >= state.end:  # another process grew or trimmed the tail
+                self._publish(replace(state, size=size))
         state = self._state
+        if not locked and state.corrupt is not None and state.corrupt != damage_before:
+            self._confirm_damage()
+            state = self._state
         if locked and state.torn_at is not None and state.corrupt is None:
             assert self._log_fd is not None
             try:
@@ -231,51 +205,7 @@ class ConversationLog:
             except OSError as exc:
                 self._poison()
                 raise self._io_error("truncate torn tail", exc) from exc
-            self._publish(replace(state, torn_at=None))
-        if locked:
-            self._index.follow_replaced()
-
-    def _tail_matches(self) -> bool:
-        """The last frame we know is still where we left it (cheap: its magic and CRC bytes). The
-        reference is taken from the bytes a commit wrote, or read once from the file."""
-        state = self._state
-        if state.tail_offset is None:
-            return True
-        assert self._log_fd is not None
-        found = self.ops.pread(self._log_fd, 8, state.tail_offset)
-        if state.tail_sig is None:
-            self._publish(replace(state, tail_sig=found))
-            return True
-        return found == state.tail_sig
-
-    def _poison(self) -> None:
-        """After a failed write/fsync: close everything; the next operation reopens with recovery.
-
-        The failed write may sit in the page cache looking complete while the disk never got it
-        (fsyncgate): cut the file back to the last acknowledged end so it is never served, and if even
-        that fails, remember where it began: the next commit cuts it off before building on it."""
-        if self._log_fd is not None and not cut_back(self.ops, self._log_fd, self._state.end):
-            self._unsafe_from = self._state.end
-        with self._state_lock:
-            self._close_fds()
-
-    def _drop_unsafe_tail(self) -> None:
-        """Cut off what a failed write left behind (see ``_poison``) before appending after it. Caller
-        holds the file lock, with state just refreshed."""
-        cut, self._unsafe_from = self._unsafe_from, None
-        assert cut is not None and self._log_fd is not None
-        if self._state.end <= cut:
-            return  # nothing of the failed write was taken in (a torn tail is truncated by the refresh)
-        try:
-            if not cut_failed_write(self.ops, self._log_fd, cut, self._state.end, path=self.paths.log):
-                return
-        except OSError as exc:
-            self._unsafe_from = cut  # still unsafe: try again at the next commit
-            with self._state_lock:
-                self._close_fds()
-            raise self._io_error("truncate after a failed write", exc) from exc
-        with self._state_lock:
-            self._load_locked_io()
+            self._publish(replace(state, torn_at=None, size=state.end))
 
     # ------------------------------------------------------------------ appends
     def append(self, request: AppendRequest) -> SeqRange:
@@ -331,58 +261,46 @@ class ConversationLog:
         assert self._log_fd is not None
         state = self._state
         encoded = encode_group(
-            group, next_seq=state.next_seq, write_start=state.end, now=_now_us(), last_at=state.last_at
+            group,
+            next_seq=state.next_seq,
+            write_start=state.end,
+            now=_now_us(),
+            last_at=state.last_at,
+            version=state.version,
         )
         if encoded is None:
             return
         try:
-            self.ops.pwrite(self._log_fd, encoded.data, encoded.write_start)
-            synced_at = time.perf_counter()
-            self.ops.fdatasync(self._log_fd)
-            fsync_seconds = time.perf_counter() - synced_at
-            if encoded.write_start == 0:
-                # First frame: the log's own directory entry must be durable before anything in it is
-                # acknowledged. Done here rather than at creation so that a failed directory fsync is
-                # retried with the append (a retry finds the file and never creates it again).
-                self.ops.fsync_dir(self.paths.directory)
+            done = write_group(
+                self.ops, self._log_fd, state, encoded, chunk=self._chunk, directory=self.paths.directory
+            )
         except OSError as exc:
             self._poison()
             error = self._io_error("write+fdatasync", exc)
             for req, _ in encoded.accepted:
                 req.error, req.done = error, True
             return
-        # Durable. Publish, then extend the index (a hint; after the fsync, so it never leads the log).
-        state.entries.extend(encoded.entries)
-        created_at = encoded.first_at if state.created_at is None else state.created_at
-        self._publish(
-            replace(
-                state,
-                frames=state.frames + len(encoded.accepted),
-                end=encoded.end,
-                next_seq=encoded.next_seq,
-                created_at=created_at,
-                last_at=encoded.last_at,
-                tail_offset=encoded.tail_offset,
-                # The tail check's reference is what we wrote, not a re-read of the file (one pread less
-                # per append, and a change by another process right after this commit is not taken in).
-                tail_sig=encoded.tail_sig,
-            )
-        )
-        self._index.write(state.entries, state.frames + len(encoded.accepted))
+        # Durable. Publish, then maybe extend the index (a hint; after the fsync: never leads the log).
+        self._chunk, new = done.chunk, done.state
+        self._publish(new)
+        self._index.write(new.entries, new.frames, new.end)
         for req, first in encoded.accepted:
             req.result, req.done = SeqRange(first, first + req.count - 1), True
         observer = observe.current()
         if observer is not None:
             nbytes = encoded.end - encoded.write_start
-            observer.commit(requests=len(encoded.accepted), nbytes=nbytes, fsync_seconds=fsync_seconds)
+            observer.commit(requests=len(encoded.accepted), nbytes=nbytes, fsync_seconds=done.fsync_seconds)
         if self._on_commit is not None:
+            assert new.created_at is not None and new.last_at is not None
             self._on_commit(
-                CommitInfo(self.conversation_id, created_at, encoded.last_at, encoded.end, encoded.next_seq)
+                CommitInfo(self.conversation_id, new.created_at, new.last_at, new.end, new.next_seq)
             )
 
     def sync_index(self) -> None:
         """fdatasync the index (on clean close), so the next open scans less of the log."""
         with self._io_lock:
+            if not self._closed and self._loaded and self._log_fd is not None:
+                self._trim_io()  # the index is written under the file lock only (a stale writer cuts)
             self._index.sync()
 
     # ------------------------------------------------------------------ reads
@@ -432,10 +350,13 @@ class ConversationLog:
                     self._load_locked_io()
                 return
             believed_end = self._state.end
+            self._file_lock.acquire(self.lock_timeout)  # a stable tail: see ``_confirm_damage``
             try:
                 result = scan_log(self.ops, self._log_fd, start=0, expected_seq=0)
             except OSError as exc:
                 raise self._io_error("verify read", exc) from exc
+            finally:
+                self._file_lock.release()
             state = replace(rescanned_state(result, believed_end), created_at=self._state.created_at)
             with self._state_lock:
                 self._state = self._with_created_at(state)

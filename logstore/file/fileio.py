@@ -109,6 +109,16 @@ class FileOps:
     def listdir(self, path: str) -> list[str]:
         return os.listdir(path)
 
+    def size_if_named(self, fd: int, path: str) -> int | None:
+        """``size(fd)`` if ``path`` still names the file open as ``fd``, else None (replaced, removed):
+        ``size`` and ``same_file`` in two syscalls instead of three (the append path's freshness check)."""
+        a = os.fstat(fd)
+        try:
+            b = os.stat(path)
+        except FileNotFoundError:
+            return None
+        return a.st_size if (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino) else None
+
     def same_file(self, fd: int, path: str) -> bool:
         """Whether ``path`` still names the file open as ``fd`` (False if it was replaced or removed)."""
         try:

@@ -3,7 +3,7 @@
 One frame holds one append batch. Layout (little-endian; byte-by-byte spec in docs/FORMAT.md):
 
     off  size  field
-    0    4     magic        b"LSF" + format version byte (0x01); the decoder dispatches on the version
+    0    4     magic        b"LSF" + format version byte (0x02; 0x01 in v1 logs); dispatched on
     4    4     crc          CRC32C (Castagnoli) of bytes [8, end of frame): length field included
     8    4     length       bytes after this field: 28 + sum(4 + item_len)
     12   8     first_seq    u64, seq of the first item
@@ -24,6 +24,10 @@ the scanner's job, not the codec's. A zero-filled region is invalid (bad magic),
 Versions: ``decode_frame`` reads the version byte and hands the bytes to that version's decoder
 (``_DECODERS``); ``b"LSF"`` with a version this build does not know is ``unsupported-version``, not
 ``bad-magic``. A new format adds its decoder there (and ``encode_frame`` writes the newest).
+v2 (this build) has v1's layout byte for byte; the version says how the *log* ends: a log whose frames
+are v2 may carry a preallocated zero-filled tail after its last frame (unused space, not a torn tail;
+the rule is ``recovery.judge``'s). A log keeps the version of its first frame (docs/FORMAT.md, "v1 and
+v2"), so ``encode_frame`` takes the version to write.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from ..core.limits import MAX_BATCH_BYTES, MAX_BATCH_ITEMS
 
 __all__ = [
     "MAGIC",
+    "MAGIC_FAMILY",
     "FORMAT_VERSION",
     "HEADER_SIZE",
     "PREFIX_SIZE",
@@ -53,9 +58,10 @@ __all__ = [
     "FrameDecoder",
 ]
 
-FORMAT_VERSION = 1
-_FAMILY = b"LSF"  # the first three magic bytes, shared by every format version
-MAGIC = _FAMILY + bytes([FORMAT_VERSION])
+FORMAT_VERSION = 2  # what new logs are written in
+MAGIC_FAMILY = b"LSF"  # the first three magic bytes, shared by every format version
+MAGIC = MAGIC_FAMILY + bytes([FORMAT_VERSION])
+_MAGICS = {v: MAGIC_FAMILY + bytes([v]) for v in (1, 2)}
 _HEADER = struct.Struct("<4sIIQIqQ")  # magic, crc, length, first_seq, count, recorded_at, write_start
 _BODY_FIXED = struct.Struct("<IQIqQ")  # the CRC'd fixed fields: length .. write_start
 _U32 = struct.Struct("<I")
@@ -78,6 +84,7 @@ class Frame:
     recorded_at: int
     write_start: int
     items: tuple[bytes, ...]
+    version: int = FORMAT_VERSION
 
     @property
     def end(self) -> int:
@@ -97,6 +104,7 @@ class FrameHeader:
     count: int
     recorded_at: int
     write_start: int
+    version: int = FORMAT_VERSION
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,13 +133,19 @@ def encode_items(items_json: Sequence[bytes]) -> bytes:
 
 
 def encode_frame(
-    *, first_seq: int, count: int, recorded_at: int, write_start: int, encoded_items: bytes
+    *,
+    first_seq: int,
+    count: int,
+    recorded_at: int,
+    write_start: int,
+    encoded_items: bytes,
+    version: int = FORMAT_VERSION,
 ) -> bytes:
-    """A complete frame around an ``encode_items`` section."""
+    """A complete frame around an ``encode_items`` section, in format ``version`` (the log's)."""
     length = _FIXED_AFTER_LENGTH + len(encoded_items)
     fixed = _BODY_FIXED.pack(length, first_seq, count, recorded_at, write_start)
     crc = crc32c(encoded_items, crc32c(fixed))
-    return b"".join((MAGIC, _U32.pack(crc), fixed, encoded_items))
+    return b"".join((_MAGICS[version], _U32.pack(crc), fixed, encoded_items))
 
 
 def decode_header(buf: bytes | memoryview, pos: int = 0) -> FrameHeader | None:
@@ -141,9 +155,9 @@ def decode_header(buf: bytes | memoryview, pos: int = 0) -> FrameHeader | None:
     if len(buf) - pos < HEADER_SIZE:
         return None
     magic, _crc, length, first_seq, count, recorded_at, _start = _HEADER.unpack_from(buf, pos)
-    if magic != MAGIC or not _MIN_LENGTH <= length <= _MAX_LENGTH:
+    if magic[:3] != MAGIC_FAMILY or magic[3] not in _DECODERS or not _MIN_LENGTH <= length <= _MAX_LENGTH:
         return None
-    return FrameHeader(PREFIX_SIZE + length, first_seq, count, recorded_at, _start)
+    return FrameHeader(PREFIX_SIZE + length, first_seq, count, recorded_at, _start, magic[3])
 
 
 def decode_frame(
@@ -154,13 +168,13 @@ def decode_frame(
     offset = base_offset + pos
     available = len(buf) - pos
     if available < 4:
-        if bytes(buf[pos : pos + available]) != MAGIC[:available]:
+        if bytes(buf[pos : pos + available]) != MAGIC_FAMILY[:available]:
             return Invalid(offset, "bad-magic")
         return NeedMore(offset, PREFIX_SIZE)
     magic = bytes(buf[pos : pos + 4])
     if magic == MAGIC:  # the current version: no table lookup on the hot path
-        return _decode_v1(buf, pos, offset, available, keep_items)
-    if magic[:3] != _FAMILY:
+        return _decode_v2(buf, pos, offset, available, keep_items)
+    if magic[:3] != MAGIC_FAMILY:
         return Invalid(offset, "bad-magic")
     decoder = _DECODERS.get(magic[3])
     if decoder is None:
@@ -171,6 +185,19 @@ def decode_frame(
 def _decode_v1(
     buf: bytes | bytearray | memoryview, pos: int, offset: int, available: int, keep_items: bool
 ) -> Frame | NeedMore | Invalid:
+    return _decode_body(buf, pos, offset, available, keep_items, 1)
+
+
+def _decode_v2(
+    buf: bytes | bytearray | memoryview, pos: int, offset: int, available: int, keep_items: bool
+) -> Frame | NeedMore | Invalid:
+    return _decode_body(buf, pos, offset, available, keep_items, 2)
+
+
+def _decode_body(
+    buf: bytes | bytearray | memoryview, pos: int, offset: int, available: int, keep_items: bool, version: int
+) -> Frame | NeedMore | Invalid:
+    """v1 and v2 share the layout after the magic (docs/FORMAT.md)."""
     if available < PREFIX_SIZE:
         return NeedMore(offset, PREFIX_SIZE)
     (length,) = _U32.unpack_from(buf, pos + 8)
@@ -200,10 +227,10 @@ def _decode_v1(
         cursor += item_len
     if cursor != end:
         return Invalid(offset, "bad-item-length")
-    return Frame(offset, size, first_seq, count, recorded_at, write_start, tuple(items))
+    return Frame(offset, size, first_seq, count, recorded_at, write_start, tuple(items), version)
 
 
-_DECODERS = {1: _decode_v1}  # version byte -> decoder of the bytes after the magic
+_DECODERS = {1: _decode_v1, 2: _decode_v2}  # version byte -> decoder of the bytes after the magic
 
 
 class FrameDecoder:

@@ -1,7 +1,18 @@
-"""The end of a conversation log: cutting off what was never acknowledged.
+"""The end of a conversation log: the preallocated tail of a v2 log, and cutting off what was never
+acknowledged.
 
-Three cases, all decided by the conversation under its I/O lock and the cross-process file lock, and
-all only ever *remove* unacknowledged bytes:
+Preallocation (v2 logs; docs/FORMAT.md "v1 and v2"): a commit that would write past the file's end
+writes its frames *and* zeros up to a new chunk boundary in the same ``pwrite``, and the one
+``fdatasync`` makes both durable, size change included. Every later commit until the chunk is full
+writes into allocated, written, synced blocks: no inode change, so its ``fdatasync`` needs no journal
+commit. Chunks start at 64 KiB and double with each growth of an open handle up to 4 MiB (a busy
+conversation grows fast, an idle one stays small); a clean close or an eviction trims the unused tail
+(``trim``), so 1M idle conversations cost no chunks and a crash leaves at most one per conversation.
+``probe_tail`` is the cheap check that nothing was appended behind our back: the size did not change
+and no frame starts at our end (zeros there).
+
+Cutting, in three cases, all decided by the conversation under its I/O lock and the cross-process
+file lock, and all only ever *remove* unacknowledged bytes:
 - a torn tail found by recovery (``truncate_torn``);
 - a failed write or fdatasync (``cut_back``, best effort: the handle is poisoned either way);
 - a failed write whose cleanup failed too (``cut_failed_write``): after fsyncgate its bytes may read
@@ -12,12 +23,82 @@ all only ever *remove* unacknowledged bytes:
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from .fileio import FileOps
-from .frame import Frame
+from .frame import PREFIX_SIZE, Frame
+from .recovery import LogState
 from .scanner import read_frame_at
 
-__all__ = ["truncate_torn", "cut_back", "cut_failed_write"]
+__all__ = [
+    "FIRST_CHUNK",
+    "MAX_CHUNK",
+    "TailProbe",
+    "probe_tail",
+    "unchanged",
+    "nothing_after",
+    "next_chunk",
+    "grown_size",
+    "trim",
+    "truncate_torn",
+    "cut_back",
+    "cut_failed_write",
+]
+
+FIRST_CHUNK = 64 * 1024
+MAX_CHUNK = 4 * 1024 * 1024
+_PAGE = 4096
+_ONE_READ = 64 * 1024  # the tail frame and the next header in one pread when the frame is smaller
+
+
+@dataclass(frozen=True, slots=True)
+class TailProbe:
+    signature: bytes | None  # magic + CRC bytes found at the state's tail offset (None: no frame yet)
+    idle: bool  # no frame starts at the state's end (zeros there, or the file ends there)
+
+
+def _zero(data: bytes) -> bool:
+    return data.count(0) == len(data)
+
+
+def unchanged(state: LogState, size: int, probe: TailProbe | None) -> bool:
+    """Nothing new since ``state``: same size, no frame at its end, no torn tail to re-judge."""
+    return size == state.size and probe is not None and probe.idle and state.torn_at is None
+
+
+def nothing_after(ops: FileOps, fd: int, end: int) -> bool:
+    """No frame starts at ``end``: its header bytes are zero (a v2 log's unused tail) or absent."""
+    return _zero(ops.pread(fd, PREFIX_SIZE, end))
+
+
+def probe_tail(ops: FileOps, fd: int, state: LogState, size: int) -> TailProbe:
+    """The tail check in one pread where it fits: the last frame's signature and the header at the end."""
+    more = size > state.end
+    if state.tail_offset is None:
+        return TailProbe(None, not more or nothing_after(ops, fd, state.end))
+    span = state.end - state.tail_offset
+    if more and span <= _ONE_READ:
+        buf = ops.pread(fd, span + PREFIX_SIZE, state.tail_offset)
+        return TailProbe(buf[:8], _zero(buf[span:]))
+    return TailProbe(ops.pread(fd, 8, state.tail_offset), not more or nothing_after(ops, fd, state.end))
+
+
+def next_chunk(previous: int) -> int:
+    """The chunk to preallocate after one of ``previous`` bytes (0: none yet on this handle)."""
+    return FIRST_CHUNK if previous <= 0 else min(MAX_CHUNK, previous * 2)
+
+
+def grown_size(end: int, chunk: int) -> int:
+    """The file size after preallocating ``chunk`` bytes past a log ending at ``end``: page-aligned."""
+    return -(-(end + chunk) // _PAGE) * _PAGE
+
+
+def trim(ops: FileOps, fd: int, end: int) -> None:
+    """Give back the unused preallocated tail (clean close, idle handle). Caller holds the file lock,
+    with state just refreshed, so ``end`` covers every other writer's frames. Raises ``OSError``."""
+    ops.ftruncate(fd, end)
+    ops.fdatasync(fd)
+
 
 log = logging.getLogger("logstore")
 

@@ -1,24 +1,29 @@
-"""Encoding one group commit: a frame per accepted batch, all carrying the write's start offset.
+"""Writing one group commit: a frame per accepted batch, all carrying the write's start offset, written
+with one ``pwrite`` and made durable with one ``fdatasync`` (``write_group``).
 
-Pure (no I/O, no locks): the leader calls ``encode_group`` under its locks with the state it just
-refreshed. A batch that would pass ``MAX_CONVERSATION_ITEMS`` gets ``ConversationFull`` as its outcome
-and takes no seqs; the others stay in order, each its own frame and CRC (all-or-nothing per batch).
-Appended batches share the group's time (``now``, never before the conversation's last); an imported
-batch (``logstore migrate``) keeps its source's seq and time, or is refused (``core.imported``).
+``encode_group`` is pure: the leader calls it under its locks with the state it just refreshed. A
+batch that would pass ``MAX_CONVERSATION_ITEMS`` gets ``ConversationFull`` as its outcome and takes no
+seqs; the others stay in order, each its own frame and CRC (all-or-nothing per batch). Appended
+batches share the group's time (``now``, never before the conversation's last); an imported batch
+(``logstore migrate``) keeps its source's seq and time, or is refused (``core.imported``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 
 from ..core.errors import ConversationFull
 from ..core.imported import import_refusal
 from ..core.limits import MAX_CONVERSATION_ITEMS
+from .fileio import FileOps
 from .frame import encode_frame
 from .group_commit import AppendRequest
 from .index_codec import encode_entry
+from .log_tail import grown_size, next_chunk
+from .recovery import LogState
 
-__all__ = ["CommitInfo", "EncodedGroup", "encode_group"]
+__all__ = ["CommitInfo", "EncodedGroup", "Written", "encode_group", "write_group"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,10 +52,17 @@ class EncodedGroup:
 
 
 def encode_group(
-    group: list[AppendRequest], *, next_seq: int, write_start: int, now: int, last_at: int | None
+    group: list[AppendRequest],
+    *,
+    next_seq: int,
+    write_start: int,
+    now: int,
+    last_at: int | None,
+    version: int,
 ) -> EncodedGroup | None:
-    """Frames for ``group`` from seq ``next_seq`` at ``write_start``; None if no batch was accepted.
-    ``last_at``: the conversation's last recorded_at (None: empty), which no frame may precede."""
+    """Frames (format ``version``: the log's) for ``group`` from seq ``next_seq`` at ``write_start``;
+    None if no batch was accepted. ``last_at``: the conversation's last recorded_at (None: empty),
+    which no frame may precede."""
     seq, offset, first_at = next_seq, write_start, 0
     frames: list[bytes] = []
     entries: list[bytes] = []
@@ -79,6 +91,7 @@ def encode_group(
             recorded_at=recorded_at,
             write_start=write_start,
             encoded_items=req.encoded,
+            version=version,
         )
         frames.append(frame)
         entries.append(encode_entry(offset, seq))
@@ -99,3 +112,46 @@ def encode_group(
         first_at=first_at,
         last_at=last_at,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Written:
+    state: LogState  # the state after the commit, to publish
+    fsync_seconds: float
+    chunk: int  # the handle's last preallocated chunk (``log_tail.next_chunk``)
+
+
+def write_group(
+    ops: FileOps, fd: int, state: LogState, encoded: EncodedGroup, *, chunk: int, directory: str
+) -> Written:
+    """Write ``encoded`` at the end of the log ``state`` describes: one ``pwrite``, one ``fdatasync``,
+    plus the directory fsync for a log's first frame (its entry must be durable before anything in it
+    is acknowledged; done here, not at creation, so a failed directory fsync is retried with the append).
+    A v2 log that would pass its file's end grows by a zero-filled chunk in the same write
+    (``log_tail``). Raises ``OSError``: the caller poisons the handle, nothing is acknowledged."""
+    data, size = encoded.data, max(state.size, encoded.end)
+    if state.version >= 2 and encoded.end > state.size:
+        chunk = next_chunk(chunk)
+        size = grown_size(encoded.end, chunk)
+        data += bytes(size - encoded.end)
+    ops.pwrite(fd, data, encoded.write_start)
+    started = time.perf_counter()
+    ops.fdatasync(fd)
+    fsync_seconds = time.perf_counter() - started
+    if encoded.write_start == 0:
+        ops.fsync_dir(directory)
+    state.entries.extend(encoded.entries)  # past ``state.frames``: invisible until the new state is out
+    after = replace(
+        state,
+        frames=state.frames + len(encoded.accepted),
+        end=encoded.end,
+        next_seq=encoded.next_seq,
+        created_at=encoded.first_at if state.created_at is None else state.created_at,
+        last_at=encoded.last_at,
+        tail_offset=encoded.tail_offset,
+        # The tail check's reference is what was written, not a re-read of the file (one pread less per
+        # append, and a change by another process right after this commit is not taken as reference).
+        tail_sig=encoded.tail_sig,
+        size=size,
+    )
+    return Written(after, fsync_seconds, chunk)

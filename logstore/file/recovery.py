@@ -12,7 +12,12 @@ The rule (docs/FORMAT.md, "Recovery"):
 3. Verdict. Corruption stays corruption. Otherwise let ``stop`` be where the good frames stop (the torn
    tail's start, or the end of a clean scan). If evidence points at or past ``stop``, acknowledged bytes
    are damaged or gone: corruption at ``stop`` (``missing-frames`` when the log simply ends early).
-   Else a torn tail is never-acknowledged bytes (truncate at ``stop``), and a clean scan is clean.
+   Else, if the last good frame is v2 and every byte from ``stop`` to the end of the file is zero, that
+   is the preallocated, unused tail: clean (``unused`` bytes). Else a torn tail is never-acknowledged
+   bytes (truncate at ``stop``), and a clean scan is clean. A hole (zeros or garbage) followed by a valid
+   frame of a later write is corruption (the scanner's step): each group is one in-order pwrite and
+   one fdatasync, so a later write proves the bytes before it were acknowledged. Zeros after a *v1*
+   frame stay a torn tail, as in v1.
 
 Everything here only reads; truncation is the caller's decision, taken under the conversation lock.
 """
@@ -23,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from .fileio import FileOps
-from .frame import Frame, Invalid, NeedMore
+from .frame import FORMAT_VERSION, Frame, Invalid, NeedMore
 from .index_codec import ENTRY_SIZE, decode_entry, encode_entry
 from .scanner import ScanResult, ScanState, read_frame_at, scan_log
 
@@ -84,6 +89,7 @@ class Verdict:
     end: int  # end of the last good frame: the acknowledged end unless corrupt
     stop: int | None  # torn: truncate here; corrupt: the damage is reported here; clean: None
     reason: str | None  # why the bytes at ``stop`` are not good (a frame reason or missing-frames)
+    unused: int = 0  # clean: preallocated zero bytes after ``end`` (a v2 log's unused tail)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +128,8 @@ def judge(scan: ScanResult, evidence: Evidence | None) -> Verdict:
     stop = scan.stop_offset if scan.state is ScanState.TORN and scan.stop_offset is not None else scan.end
     if evidence is not None and stop <= evidence.offset:
         return Verdict(ScanState.CORRUPT, scan.end, stop, scan.reason or "missing-frames")
+    if scan.state is ScanState.TORN and scan.zero_tail and (scan.last_version or 0) >= 2:
+        return Verdict(ScanState.CLEAN, scan.end, None, None, unused=scan.file_size - scan.end)
     if scan.state is ScanState.TORN:
         return Verdict(ScanState.TORN, scan.end, stop, scan.reason)
     return Verdict(ScanState.CLEAN, scan.end, None, None)
@@ -143,6 +151,7 @@ def recover(
         start=anchor.start,
         expected_seq=anchor.next_seq,
         last_recorded_at=anchor.last_recorded_at,
+        last_version=anchor.frame.version if anchor.frame is not None else None,
         file_size=size,
         keep_frames=keep_frames,
     )
@@ -168,6 +177,8 @@ class LogState:
     tail_sig: bytes | None = None  # its magic + CRC bytes (the cheap "still there" check), if known
     corrupt: tuple[int, str] | None = None  # (offset, reason): appends refused, reads stop there
     torn_at: int | None = None  # a torn tail starts here (truncated by the next locked refresh)
+    version: int = FORMAT_VERSION  # of the last good frame: what the log is appended in (v1 stays v1)
+    size: int = 0  # the file's size as last seen: ``end`` plus a v2 log's preallocated zero tail
 
 
 EMPTY_STATE = LogState(bytearray())
@@ -187,6 +198,7 @@ def recovered_state(recovered: Recovered, entries: bytearray) -> LogState:
         next_seq=anchor.next_seq,
         last_at=anchor.frame.recorded_at,
         tail_offset=anchor.frame.offset,
+        version=anchor.frame.version,
     )
     return absorb(state, recovered.scan, recovered.verdict)
 
@@ -202,10 +214,11 @@ def absorb(state: LogState, scan: ScanResult, verdict: Verdict) -> LogState:
         state.last_at,
         state.tail_offset,
     )
+    version = state.version
     for meta in scan.frames:
         entries += encode_entry(meta.offset, meta.first_seq)
         frames += 1
-        end, next_seq, tail = meta.end, meta.first_seq + meta.count, meta.offset
+        end, next_seq, tail, version = meta.end, meta.first_seq + meta.count, meta.offset, meta.version
         last_at = meta.recorded_at if last_at is None else max(meta.recorded_at, last_at)
     corrupt, torn_at = state.corrupt, state.torn_at
     if verdict.state is ScanState.CORRUPT:
@@ -223,6 +236,8 @@ def absorb(state: LogState, scan: ScanResult, verdict: Verdict) -> LogState:
         tail_sig=state.tail_sig if tail == state.tail_offset else None,
         corrupt=corrupt,
         torn_at=torn_at,
+        version=version,
+        size=max(scan.file_size, end),
     )
 
 

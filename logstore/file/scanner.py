@@ -8,8 +8,12 @@ Rules (docs/FORMAT.md, "Recovery"):
   i.e. has ``write_start <= p`` (a group commit whose fsync never returned).
 - Corruption (reported with the file and byte offset ``p``, never dropped): anything else, i.e. a valid
   frame of a *later* write after ``p``, or a seq gap/overlap between two valid frames.
-- Callers that know a frame at or after ``p`` was acknowledged (it is in the index) treat ``p`` as
-  corruption regardless; see ``conversation.py``.
+- A frame of a format version this build does not know (``unsupported-version``) is corruption, never a
+  torn tail: it may be a newer release's acknowledged data, which must not be truncated.
+- Zeros from ``p`` to the end of the file are reported as such (``zero_tail``), still as a torn tail
+  here: whether they are the preallocated unused tail of a v2 log is ``recovery.judge``'s decision (the
+  one rule), and callers that know a frame at or after ``p`` was acknowledged (it is in the index)
+  treat ``p`` as corruption regardless.
 
 The scanner reads through ``FileOps`` and never writes: truncation is the caller's decision, taken under
 the conversation lock.
@@ -22,7 +26,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from .fileio import FileOps
-from .frame import MAGIC, PREFIX_SIZE, Frame, FrameDecoder, Invalid, NeedMore, decode_frame
+from .frame import MAGIC_FAMILY, PREFIX_SIZE, Frame, FrameDecoder, Invalid, NeedMore, decode_frame
 
 __all__ = [
     "ScanState",
@@ -30,6 +34,7 @@ __all__ = [
     "ScanResult",
     "scan_log",
     "first_valid_frame_after",
+    "zeros_to_end",
     "read_frame_at",
     "frame_at",
 ]
@@ -52,6 +57,7 @@ class FrameMeta:
     first_seq: int
     count: int
     recorded_at: int
+    version: int
 
     @property
     def end(self) -> int:
@@ -73,6 +79,8 @@ class ScanResult:
     timestamp_regressions: list[int] = field(
         default_factory=list
     )  # offsets of frames older than the previous
+    last_version: int | None = None  # format version of the last good frame (None: no frame yet)
+    zero_tail: bool = False  # torn, and every byte from the stop point to the end of file is zero
 
     @property
     def bytes_after_end(self) -> int:
@@ -86,6 +94,7 @@ def scan_log(
     start: int = 0,
     expected_seq: int = 0,
     last_recorded_at: int | None = None,
+    last_version: int | None = None,
     file_size: int | None = None,
     keep_frames: bool = True,
     keep_items: bool = False,
@@ -97,7 +106,13 @@ def scan_log(
     ``keep_items``): fsck's progress and ``logstore export``'s streaming use it, so they classify the log
     exactly as recovery does without holding every frame in memory."""
     size = ops.size(fd) if file_size is None else file_size
-    result = ScanResult(end=start, next_seq=expected_seq, last_recorded_at=last_recorded_at, file_size=size)
+    result = ScanResult(
+        end=start,
+        next_seq=expected_seq,
+        last_recorded_at=last_recorded_at,
+        file_size=size,
+        last_version=last_version,
+    )
     decoder = FrameDecoder(start, keep_items=keep_items)
     pos = start
     while True:
@@ -110,11 +125,19 @@ def scan_log(
                 result.timestamp_regressions.append(event.offset)
             if keep_frames:
                 result.frames.append(
-                    FrameMeta(event.offset, event.size, event.first_seq, event.count, event.recorded_at)
+                    FrameMeta(
+                        event.offset,
+                        event.size,
+                        event.first_seq,
+                        event.count,
+                        event.recorded_at,
+                        event.version,
+                    )
                 )
             if on_frame is not None:
                 on_frame(event)
             result.end = event.end
+            result.last_version = event.version
             result.next_seq = event.first_seq + event.count
             result.last_recorded_at = max(event.recorded_at, result.last_recorded_at or event.recorded_at)
             continue
@@ -140,8 +163,11 @@ def scan_log(
 def _stop(ops: FileOps, fd: int, result: ScanResult, offset: int, reason: str, size: int) -> None:
     result.stop_offset = offset
     result.reason = reason
-    if reason == "seq-gap":
+    if reason in ("seq-gap", "unsupported-version"):
         result.state = ScanState.CORRUPT
+        return
+    if reason == "bad-magic" and zeros_to_end(ops, fd, offset, size):
+        result.state, result.zero_tail = ScanState.TORN, True  # nothing can follow: no frame, no damage
         return
     later = first_valid_frame_after(ops, fd, offset, size, later_write_only=True)
     result.state = ScanState.CORRUPT if later is not None else ScanState.TORN
@@ -163,16 +189,29 @@ def first_valid_frame_after(
             return None
         window = carry + chunk
         window_base = pos - len(carry)
-        hit = window.find(MAGIC)
+        hit = window.find(MAGIC_FAMILY)  # every version: a newer frame after p is not a torn tail
         while hit != -1:
             candidate = window_base + hit
             frame = frame_at(ops, fd, candidate, size)
             if frame is not None and not (later_write_only and frame.write_start <= offset):
                 return frame
-            hit = window.find(MAGIC, hit + 1)
-        carry = window[-(len(MAGIC) - 1) :]
+            hit = window.find(MAGIC_FAMILY, hit + 1)
+        carry = window[-(len(MAGIC_FAMILY) - 1) :]
         pos += len(chunk)
     return None
+
+
+def zeros_to_end(ops: FileOps, fd: int, offset: int, size: int) -> bool:
+    """Whether every byte of ``[offset, size)`` is zero (read in 4 MiB chunks; stops at the first other)."""
+    pos = offset
+    while pos < size:
+        chunk = ops.pread(fd, min(_CHUNK, size - pos), pos)
+        if not chunk:
+            return True
+        if chunk.count(0) != len(chunk):
+            return False
+        pos += len(chunk)
+    return True
 
 
 def read_frame_at(

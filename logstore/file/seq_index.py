@@ -25,9 +25,12 @@ from .index_codec import (
     index_entries,
 )
 
-__all__ = ["IndexMismatch", "SidecarIndex", "locate", "write_index"]
+__all__ = ["LAG_BYTES", "LAG_FRAMES", "IndexMismatch", "SidecarIndex", "locate", "write_index"]
 
 log = logging.getLogger("logstore")
+
+LAG_FRAMES = 64  # the index is written on the append path once it lags by this many frames...
+LAG_BYTES = 1024 * 1024  # ...or this much log (and always on close): off the append path otherwise
 
 
 class IndexMismatch(Exception):
@@ -107,7 +110,18 @@ class SidecarIndex:
                 pass
         self.fd, self.valid = None, 0
 
-    def write(self, entries: bytearray, n: int) -> None:
+    def write(self, entries: bytearray, n: int, end: int, *, force: bool = False) -> None:
+        """Bring the file up to the first ``n`` entries of a log ending at ``end`` - but on the append
+        path only once it lags by ``LAG_FRAMES`` frames or ``LAG_BYTES`` of log (``force``: on close).
+        The index is a hint (recovery scans from its last good entry), so a lag costs a longer scan
+        after a crash, bounded by those two figures, and saves a write per append."""
+        if self.fd is None or n <= self.valid:
+            return
+        if not force and n - self.valid < LAG_FRAMES:
+            first = decode_entry(entries, self.valid)  # the first entry not in the file yet
+            if first is not None and end - first[0] < LAG_BYTES:
+                return
+        self.follow_replaced()
         if self.fd is not None:
             self.valid = write_index(self.ops, self.fd, entries, n, self.valid, name=self.path)
 

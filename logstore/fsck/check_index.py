@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from ..file.index_codec import ENTRY_SIZE, INDEX_HEADER_SIZE, decode_entry, header_ok
 from ..file.scanner import FrameMeta
+from ..file.seq_index import LAG_BYTES, LAG_FRAMES
 
 __all__ = ["common_entries", "index_evidence", "index_problem", "IndexProblem"]
 
@@ -48,9 +49,11 @@ def index_evidence(body: bytes, expected: bytes, stop: int) -> list[tuple[int, i
 
 
 def index_problem(
-    index: bytes | None, body: bytes, expected: bytes, frames: list[FrameMeta]
+    index: bytes | None, body: bytes, expected: bytes, frames: list[FrameMeta], *, log_end: int
 ) -> IndexProblem | None:
-    """The first way the index disagrees with the good frames, or None: (kind, offset, seqs, message)."""
+    """The first way the index disagrees with the good frames, or None: (kind, offset, seqs, message).
+    An index that lags a log ending at ``log_end`` by less than the engine lets it lag on the append
+    path (``seq_index.LAG_FRAMES`` frames and ``LAG_BYTES`` of log) is fine: it is written in batches."""
     n = len(expected) // ENTRY_SIZE
 
     def span(i: int) -> tuple[int, int]:
@@ -76,7 +79,7 @@ def index_problem(
             span(i),
             f"entry {i} says {said}; frame {i} is at offset {frames[i].offset}, seq {frames[i].first_seq}",
         )
-    if m < n:
+    if m < n and not partial and (n - m >= LAG_FRAMES or log_end - frames[m].offset >= LAG_BYTES):
         return IndexProblem("index-stale", off, span(m), f"index lags the log: {n - m} frame(s) not indexed")
     if m > n:
         if any(decode_entry(body, j) is not None for j in range(n, m)):

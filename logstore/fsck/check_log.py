@@ -170,6 +170,9 @@ def _check_locked(
     last = scan.last
     anchor = anchor_index(index_entries(index), scan.size, lambda at: read_frame_at(ops, fd, at, scan.size))
     verdict = judge(last, anchor.evidence)
+    if verdict.state is ScanState.CLEAN and last.state is ScanState.TORN:  # a v2 log's unused zero tail
+        last.state, last.stop_offset, last.reason = ScanState.CLEAN, None, None
+        ctx.report.preallocated_bytes += verdict.unused
     evidence: list[tuple[int, int]] = []
     if verdict.state is ScanState.CORRUPT and last.state is not ScanState.CORRUPT:
         assert verdict.stop is not None
@@ -253,7 +256,7 @@ def _check_locked(
         scan = LogScan(cut, scan.segments[: keep + 1])
 
     if not scan.corrupt:
-        found = index_problem(index, body, expected, scan.prefix.frames)
+        found = index_problem(index, body, expected, scan.prefix.frames, log_end=scan.prefix.end)
         rebuilt = cut is not None and lost is not None  # a truncated corrupt log gets a fresh index anyway
         if found is not None or rebuilt:
             if ctx.repair:

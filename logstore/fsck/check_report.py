@@ -123,6 +123,7 @@ class CheckReport:
     items: int = 0
     bytes: int = 0  # log bytes verified
     index_bytes: int = 0
+    preallocated_bytes: int = 0  # unused zero tails of v2 logs (informational: a clean close trims them)
     broken_files: int = 0  # .broken-* files kept from earlier repairs (never counted as findings)
     elapsed: float = 0.0
 
@@ -151,6 +152,7 @@ class CheckReport:
             "items": self.items,
             "bytes": self.bytes,
             "index_bytes": self.index_bytes,
+            "preallocated_bytes": self.preallocated_bytes,
             "broken_files": self.broken_files,
             "elapsed": round(self.elapsed, 6),
             "mb_per_s": round(self.bytes / 1e6 / self.elapsed, 1) if self.elapsed > 0 else None,

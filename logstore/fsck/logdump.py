@@ -28,7 +28,7 @@ from ..file.index_codec import ENTRY_SIZE, decode_entry, index_entries
 from ..file.layout import ConversationPaths
 from ..file.locking import held
 from ..file.recovery import Verdict, recover
-from ..file.scanner import ScanState, first_valid_frame_after, frame_at, scan_log
+from ..file.scanner import ScanState, first_valid_frame_after, frame_at, scan_log, zeros_to_end
 
 __all__ = ["DumpRecord", "dump_frames", "export_items", "acknowledged_end"]
 
@@ -50,6 +50,11 @@ class DumpRecord:
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+    @property
+    def unused(self) -> bool:
+        """Zeros from here to the end of a log whose last frame is v2: preallocated, not damage."""
+        return self.status == "unused"
 
 
 def _index_entries(ops: FileOps, paths: ConversationPaths) -> bytes:
@@ -83,6 +88,7 @@ def dump_frames(
     try:
         size = ops.size(fd)
         pos = _seek_seq(ops, fd, _index_entries(ops, paths), from_seq, size) if from_seq else 0
+        version = 0  # of the last good frame
         while pos < size:
             frame = frame_at(ops, fd, pos, size, keep_items=items)
             if frame is not None:
@@ -97,8 +103,11 @@ def dump_frames(
                         frame.write_start,
                         frame.items,
                     )
-                pos = frame.end
+                pos, version = frame.end, frame.version
                 continue
+            if version >= 2 and zeros_to_end(ops, fd, pos, size):  # the rule of recovery.judge
+                yield DumpRecord(pos, size - pos, "unused")
+                return
             buf = ops.pread(fd, min(size - pos, MAX_FRAME_SIZE), pos)
             event = decode_frame(buf, 0, pos, keep_items=False)
             reason = "incomplete" if isinstance(event, NeedMore) else getattr(event, "reason", "invalid")

@@ -56,6 +56,7 @@ def scan_segments(
     start: int = 0,
     expected_seq: int = 0,
     last_at: int | None = None,
+    last_version: int | None = None,
     on_frame: Callable[[Frame], None] | None = None,
 ) -> list[ScanResult]:
     """``scan_log`` from ``start``, then again after every corruption from the next valid frame."""
@@ -67,6 +68,7 @@ def scan_segments(
             start=start,
             expected_seq=expected_seq,
             last_recorded_at=last_at,
+            last_version=last_version,
             file_size=size,
             on_frame=on_frame,
         )
@@ -79,18 +81,20 @@ def scan_segments(
             nxt = first_valid_frame_after(ops, fd, result.stop_offset, size)
         if nxt is None:
             return segments
-        start, expected_seq, last_at = nxt.offset, nxt.first_seq, result.last_recorded_at
+        start, expected_seq, last_at, last_version = nxt.offset, nxt.first_seq, result.last_recorded_at, None
 
 
 def locked_rescan(ops: FileOps, fd: int, scan: LogScan, on_frame: Callable[[Frame], None] | None) -> LogScan:
     """Bring an unlocked scan up to date under the lock (see the module docstring, step 2)."""
     size = ops.size(fd)
     last = scan.last
-    if size == scan.size and last.state is not ScanState.TORN:
+    if size == scan.size and last.state is ScanState.CLEAN:
         return scan  # nothing appended; a torn tail is re-read below (it may have been cut and rewritten)
     damaged = len(scan.segments) > 1 or last.state is ScanState.CORRUPT
-    if size < scan.size or (size != scan.size and damaged):
-        # Cut back (a repair elsewhere), or a corrupt log that changed: start over.
+    if size < scan.size or damaged:
+        # Cut back (a repair elsewhere), or damage seen without the lock: start over. A writer fills a v2
+        # log's preallocated tail without changing its size, so an unlocked scan can read a hole that
+        # is being filled; damage counts only as seen under the lock.
         return LogScan(size, scan_segments(ops, fd, size=size, on_frame=on_frame))
     tail = scan_segments(
         ops,
@@ -99,6 +103,7 @@ def locked_rescan(ops: FileOps, fd: int, scan: LogScan, on_frame: Callable[[Fram
         start=last.end,
         expected_seq=last.next_seq,
         last_at=last.last_recorded_at,
+        last_version=last.last_version,
         on_frame=on_frame,
     )
     head = tail[0]
@@ -112,5 +117,7 @@ def locked_rescan(ops: FileOps, fd: int, scan: LogScan, on_frame: Callable[[Fram
         reason=head.reason,
         file_size=size,
         timestamp_regressions=last.timestamp_regressions + head.timestamp_regressions,
+        last_version=head.last_version,
+        zero_tail=head.zero_tail,
     )
     return LogScan(size, [*scan.segments[:-1], merged, *tail[1:]])
