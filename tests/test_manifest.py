@@ -41,6 +41,7 @@ def test_lost_commit_records_are_reconciled_from_logs(data_dir):
     with open(journal, "wb") as f:
         f.write(creations + data[len(data) - 5 :])  # creation records + a torn fragment
     with Store(data_dir) as store:
+        assert store._manifest(SITE).wait_reconciled(30)  # no session marks left: reconciled in the background
         assert all_pages(store, SITE, 2) == want
         for summary in store.list_conversations(SITE, None, 10).conversations:
             items = store.replay(SITE, summary.conversation_id, 0, 10)
