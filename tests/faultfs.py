@@ -106,11 +106,18 @@ def materialize(image: Image, dest: str) -> None:
             f.write(data)
 
 
+_REAL_BOOT_ID = manifest_reconcile.boot_id
+
+
 def simulate_reboot() -> None:
-    """A new boot id for this process (``manifest_reconcile.boot_id``): sessions written before look like
-    those of a machine that lost power."""
+    """A new boot id for this process (``manifest_reconcile.boot_id``) until ``restore_boot`` (an autouse
+    fixture calls it after each test): sessions written before look like a machine's that lost power."""
     fresh = os.urandom(16)
     manifest_reconcile.boot_id = lambda: fresh  # type: ignore[assignment]
+
+
+def restore_boot() -> None:
+    manifest_reconcile.boot_id = _REAL_BOOT_ID  # type: ignore[assignment]
 
 
 class NoSyncOps(FileOps):
