@@ -129,8 +129,8 @@ def test_table_listing_equals_a_sorted_model_under_updates_erasures_and_new_ids(
             for after in rng.sample(keys, min(5, len(keys))):
                 limit = rng.choice([1, 3, 50, 1000])
                 rows, more = table.page(after, limit)
-                assert ([c for c, _ in rows], more) == _model_pages(model, after, limit)
-                assert all(model[c] == e for c, e in rows)
+                assert ([c for c, _, _ in rows], more) == _model_pages(model, after, limit)
+                assert all((model[c].created_at, model[c].last_appended_at) == (f, t) for c, f, t in rows)
 
 
 def _merged_model(current: Entry | None, record: Entry) -> Entry | None:

@@ -351,11 +351,11 @@ class SiteManifest:
             if not limit:
                 has_more = bool(self._table.page(after, 1)[0])
         summaries = [
-            ConversationSummary(cid, micros_to_datetime(e.created_at), micros_to_datetime(e.last_appended_at))
-            for cid, e in rows
+            ConversationSummary(cid, micros_to_datetime(created), micros_to_datetime(last))
+            for cid, created, last in rows
         ]
-        last = CursorKey(rows[-1][1].last_appended_at, rows[-1][0]) if rows else None
-        return ConversationListing(summaries, self._cursors.next_cursor(cursor, last, has_more=has_more))
+        end = CursorKey(rows[-1][2], rows[-1][0]) if rows else None
+        return ConversationListing(summaries, self._cursors.next_cursor(cursor, end, has_more=has_more))
 
     def _refresh(self) -> None:
         """Cheap check for other processes' records: one stat of the active journal."""

@@ -64,7 +64,7 @@ class Snapshot:
 
     def id_at(self, i: int) -> str:
         offsets = self.offsets
-        return bytes(self.ids[offsets[i] : offsets[i + 1]]).decode("ascii")
+        return str(self.ids[offsets[i] : offsets[i + 1]], "ascii")
 
     def entry_at(self, i: int) -> Entry:
         return Entry(self.created[i], self.last[i], self.size[i], self.next_seq[i])

@@ -81,26 +81,34 @@ class ManifestTable:
             if entry.created_at != ERASED:
                 yield cid, entry
 
-    def page(self, after: tuple[int, str] | None, limit: int) -> tuple[list[tuple[str, Entry]], bool]:
-        """Up to ``limit`` listed conversations whose key sorts after ``after`` (None: from the top),
-        in listing order, and whether more follow."""
+    def page(self, after: tuple[int, str] | None, limit: int) -> tuple[list[tuple[str, int, int]], bool]:
+        """Up to ``limit`` listed conversations whose key sorts after ``after`` (None: from the top), in
+        listing order, as (id, created_at, last_appended_at), and whether more follow."""
         base, over = self.base, self._over
         i = 0 if after is None else base.first_listed_after(after)
         j = 0 if after is None else self._order.bisect_right(after)
         theirs = self._order.islice(j)
         other = next(theirs, None)
-        out: list[tuple[str, Entry]] = []
+        out: list[tuple[str, int, int]] = []
+        listed, last, created, id_at = base.listed, base.last, base.created, base.id_at
+        mine: tuple[int, str] | None = None
         while len(out) <= limit:
-            while i < base.listed and base.id_at(i) in over:
-                i += 1
-            mine = base.key_at(i) if i < base.listed else None
+            if mine is None:  # the next base entry the overlay did not replace
+                while i < listed:
+                    cid = id_at(i)
+                    if cid not in over:
+                        mine = (-last[i], cid)
+                        break
+                    i += 1
             if mine is None and other is None:
                 break
             if other is None or (mine is not None and mine < other):
                 assert mine is not None
-                out.append((mine[1], base.entry_at(i)))
+                out.append((mine[1], created[i], -mine[0]))
                 i += 1
+                mine = None
             else:
-                out.append((other[1], over[other[1]]))
+                entry = over[other[1]]
+                out.append((other[1], entry.created_at, entry.last_appended_at))
                 other = next(theirs, None)
         return out[:limit], len(out) > limit
