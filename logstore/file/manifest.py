@@ -107,7 +107,9 @@ class SiteManifest:
             except OSError as exc:  # reading the manifest failed: retryable
                 raise self._io_error("load", exc) from exc
             self._loaded = True
-            self._start_sweep_if_needed()
+            self._reconciliation = Reconciliation.start_if_needed(
+                self, self._sessions, damaged=self._damaged, marked=self._marked
+            )
             if self._table.base.version == 1:  # written by release 41344b8: repack it, off this path
                 self._schedule_compaction()
 
@@ -137,11 +139,6 @@ class SiteManifest:
         return read_state(self.ops, self.directory, base, journals, discover=discover)
 
     # ------------------------------------------------------------------ reconciliation
-    def _start_sweep_if_needed(self) -> None:
-        self._reconciliation = Reconciliation.start_if_needed(
-            self, self._sessions, damaged=self._damaged, marked=self._marked
-        )
-
     @property
     def reconciling(self) -> bool:
         return self._reconciliation is not None and self._reconciliation.running
@@ -159,14 +156,17 @@ class SiteManifest:
         with self._lock:
             return self._table.get(cid)
 
-    def reconciled(self, cid: str, info: CommitInfo | None, log_path: str) -> None:
-        """Take in what recovery says of ``cid``'s log (None: no items)."""
+    def reconciled(self, cid: str, probed: Entry, info: CommitInfo | None, log_path: str) -> None:
+        """Take in what recovery says of ``cid``'s log (None: no items), ``probed`` being the entry it was
+        compared with. Lowering an entry (log gone or empty) only if no commit changed it meanwhile."""
         with self._lock:
             if info is not None:
                 record = Entry(info.created_at, info.last_appended_at, info.log_size, info.next_seq)
                 if self._table.apply(cid, record):
                     self._append_logged(cid, record)
-            elif not self.ops.exists(log_path) and self._table.get(cid) is not None:
+            elif self._table.get(cid) != probed:
+                return
+            elif not self.ops.exists(log_path):
                 self._append_logged(cid, erased_entry())  # the log is gone (an interrupted erasure)
                 self._table.apply(cid, erased_entry())
             else:  # an empty log (cut back by fsck): not listed; fsck rebuilds the manifest

@@ -201,7 +201,7 @@ class Reconciliation:
         entry = self._manifest.entry(cid)
         path = self._paths(cid)
         if entry is not None and log_may_differ(self._manifest.ops, path, entry):
-            self._manifest.reconciled(cid, summary(), path)
+            self._manifest.reconciled(cid, entry, summary(), path)
 
     def _run(self) -> None:
         manifest = self._manifest
