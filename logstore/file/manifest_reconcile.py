@@ -98,23 +98,29 @@ def is_alive(session: Session) -> bool:
 
 
 def log_may_differ(ops: FileOps, path: str, entry: Entry) -> bool:
-    """Cheap check that a log holds exactly what ``entry`` records: its byte before ``log_size`` exists
-    and nothing but zeros (a preallocated tail) or the end of the file follows. Never reads the file size
-    as the data's end. False positives only cost a recovery; a log missing or shorter reads as changed."""
+    """Cheap check that a log holds exactly what ``entry`` records. One stat: a file of exactly
+    ``log_size`` bytes cannot hold more (the common case: no data page is read); a shorter or missing one
+    changed. A longer one (a preallocated tail, or frames appended) is read at the recorded end: its byte
+    before ``log_size`` and then only zeros mean nothing was appended (a frame starts with a non-zero
+    magic). The file size is never taken for the data's end. A false positive only costs a recovery."""
     if entry.log_size < 0:  # found by a directory walk: nothing is known
         return True
+    size = ops.stat_size(path)
+    if size is None:
+        return entry.next_seq > 0
+    if size <= entry.log_size:
+        return size < entry.log_size
     try:
         fd = ops.open(path, os.O_RDONLY)
     except FileNotFoundError:
         return entry.next_seq > 0
     try:
-        start = max(entry.log_size - 1, 0)
-        data = ops.pread(fd, _PROBE + 1, start)
+        data = ops.pread(fd, _PROBE + 1, max(entry.log_size - 1, 0))
     finally:
         ops.close(fd)
     if entry.log_size > 0:
         if not data:
-            return True  # shorter than recorded (cut back by fsck, or gone and re-created)
+            return True  # cut back meanwhile
         data = data[1:]
     return data.count(0) != len(data)
 
