@@ -26,6 +26,7 @@ from logstore.file.fileio import FileOps
 from logstore.file.manifest_codec import (
     MARK_CLOSE,
     MARK_OPEN,
+    Entry,
     decode_journal,
     decode_records,
     encode_mark,
@@ -339,3 +340,26 @@ def test_a_v1_snapshot_is_read_then_repacked_as_v2_in_the_background(data_dir):
         assert f.read(8) == MAGIC_V2
     with Store(data_dir) as store:
         assert all_pages(store, SITE, 2) == want
+
+
+@pytest.mark.parametrize(
+    ("tail", "expected"),
+    [
+        (b"", False),  # exactly the recorded size: not even read
+        (b"\0" * 4096, False),  # a preallocated, zero-filled tail: nothing appended
+        (b"LSF", True),  # bytes of a frame after the recorded end
+        (b"\0\0\0\0\0\0\0\0\x01", False),  # past the 8 bytes read: frames start at the recorded end
+        (None, True),  # shorter than recorded
+    ],
+)
+def test_the_sweeps_probe_reads_the_recorded_end_not_the_file_size(tmp_path, tail, expected):
+    path = str(tmp_path / "conv.log")
+    body = b"x" * 57
+    with open(path, "wb") as f:
+        f.write(body[:-1] if tail is None else body + tail)
+    entry = Entry(1, 2, len(body), 2)
+    assert manifest_reconcile.log_may_differ(FileOps(), path, entry) is expected
+    assert manifest_reconcile.log_may_differ(FileOps(), str(tmp_path / "gone.log"), entry) is True
+    assert (
+        manifest_reconcile.log_may_differ(FileOps(), str(tmp_path / "gone.log"), Entry(-1, -1, 0, 0)) is False
+    )
