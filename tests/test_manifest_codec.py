@@ -125,6 +125,7 @@ def test_table_listing_equals_a_sorted_model_under_updates_erasures_and_new_ids(
         if step % 50 == 0:
             assert dict(table.items()) == model
             assert len(table) == len(model)
+            assert set(table.added()) == {c for c in model if table.base.find(c) is None}
             keys = [None] + sorted(listing_key(c, e) for c, e in model.items() if e.next_seq)
             for after in rng.sample(keys, min(5, len(keys))):
                 limit = rng.choice([1, 3, 50, 1000])

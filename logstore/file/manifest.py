@@ -176,7 +176,7 @@ class SiteManifest:
         """Every conversation known now: the base by index (no list of a million ids), then the rest."""
         with self._lock:
             base = self._table.base
-            extra = [cid for cid, _ in self._table.items() if base.find(cid) is None]
+            extra = self._table.added()
         for i in range(base.count):
             yield base.id_at(i)
         yield from extra

@@ -62,9 +62,10 @@ class ManifestTable:
         if new.next_seq > 0:
             self._order.add(listing_key(cid, new))
 
-    @property
-    def overlay_size(self) -> int:
-        return len(self._over)
+    def added(self) -> list[str]:
+        """Conversations known but not in the base (created or first seen since it was written)."""
+        find = self.base.find
+        return [cid for cid, e in self._over.items() if e.created_at != ERASED and find(cid) is None]
 
     def __len__(self) -> int:
         base, over = self.base, self._over
