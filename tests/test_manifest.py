@@ -23,6 +23,7 @@ import logstore.file.manifest as manifest_mod
 from logstore import Store
 from logstore.file import manifest_reconcile
 from logstore.file.fileio import FileOps
+from logstore.file.frame import PREFIX_SIZE
 from logstore.file.manifest_codec import (
     MARK_CLOSE,
     MARK_OPEN,
@@ -348,7 +349,7 @@ def test_a_v1_snapshot_is_read_then_repacked_as_v2_in_the_background(data_dir):
         (b"", False),  # exactly the recorded size: not even read
         (b"\0" * 4096, False),  # a preallocated, zero-filled tail: nothing appended
         (b"LSF", True),  # bytes of a frame after the recorded end
-        (b"\0\0\0\0\0\0\0\0\x01", False),  # past the 8 bytes read: frames start at the recorded end
+        (b"\0" * PREFIX_SIZE + b"\x01", False),  # past a frame prefix of zeros: no frame starts there
         (None, True),  # shorter than recorded
     ],
 )

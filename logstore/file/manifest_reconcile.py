@@ -28,6 +28,7 @@ from ..core.ids import is_valid_id
 from . import layout
 from .conversation import CommitInfo
 from .fileio import FileOps
+from .log_tail import nothing_after
 from .manifest_codec import Entry, Session
 
 if TYPE_CHECKING:
@@ -44,7 +45,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("logstore")
-_PROBE = 8  # bytes read at the recorded end: a frame starts with a non-zero magic
 
 
 @cache
@@ -99,10 +99,10 @@ def is_alive(session: Session) -> bool:
 
 def log_may_differ(ops: FileOps, path: str, entry: Entry) -> bool:
     """Cheap check that a log holds exactly what ``entry`` records. One stat: a file of exactly
-    ``log_size`` bytes cannot hold more (the common case: no data page is read); a shorter or missing one
-    changed. A longer one (a preallocated tail, or frames appended) is read at the recorded end: its byte
-    before ``log_size`` and then only zeros mean nothing was appended (a frame starts with a non-zero
-    magic). The file size is never taken for the data's end. A false positive only costs a recovery."""
+    ``log_size`` bytes cannot hold more (the common case, a v1 log or a trimmed v2 one: no data page is
+    read); a shorter or missing one changed. A longer one (a v2 preallocated tail, or frames appended) is
+    read at the recorded end with the log's own rule (``log_tail.nothing_after``: zeros there, no frame).
+    The file size is never taken for the data's end. A false positive only costs a recovery."""
     if entry.log_size < 0:  # found by a directory walk: nothing is known
         return True
     size = ops.stat_size(path)
@@ -115,14 +115,9 @@ def log_may_differ(ops: FileOps, path: str, entry: Entry) -> bool:
     except FileNotFoundError:
         return entry.next_seq > 0
     try:
-        data = ops.pread(fd, _PROBE + 1, max(entry.log_size - 1, 0))
+        return not nothing_after(ops, fd, entry.log_size)
     finally:
         ops.close(fd)
-    if entry.log_size > 0:
-        if not data:
-            return True  # cut back meanwhile
-        data = data[1:]
-    return data.count(0) != len(data)
 
 
 def logs_under(ops: FileOps, directory: str) -> Iterator[str]:
