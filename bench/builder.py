@@ -29,7 +29,8 @@ from logstore.file import layout
 from logstore.file.frame import encode_frame, encode_items
 from logstore.file.index_codec import INDEX_HEADER, encode_entry
 from logstore.file.layout import conversation_paths
-from logstore.file.manifest_codec import Entry, encode_snapshot
+from logstore.file.manifest_codec import Entry
+from logstore.file.manifest_snapshot import encode_snapshot
 
 __all__ = ["BuildInfo", "build_site", "conversation_id", "conversation_times", "expected_payloads"]
 
@@ -106,7 +107,7 @@ def _snapshot(n: int, base_us: int) -> bytes:
         created, last = conversation_times(i, n, base_us)
         size = len(_log_bytes(i, n, base_us)[0])
         records.append((conversation_id(i), Entry(created, last, size, 2)))
-    return encode_snapshot(dict(records))
+    return encode_snapshot(records)
 
 
 def build_site(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from logstore import Store
+from tests.faultfs import restore_boot
 from tests.postgres_support import postgres_server  # noqa: F401  (session fixture: a real PostgreSQL)
 
 _SERVER_MODULES = ("test_server_", "test_bench_smoke")  # start servers or whole bench runs
@@ -18,6 +19,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.torture)
         elif name.startswith(_SERVER_MODULES):
             item.add_marker(pytest.mark.server)
+
+
+@pytest.fixture(autouse=True)
+def _real_boot_id():
+    """A test that simulated a reboot (``tests.faultfs.simulate_reboot``) ends in this boot again."""
+    yield
+    restore_boot()
 
 
 @pytest.fixture

@@ -40,6 +40,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from logstore.file import manifest_reconcile
 from logstore.file.fileio import FileOps
 
 __all__ = [
@@ -93,13 +94,30 @@ class Image:
 
 
 def materialize(image: Image, dest: str) -> None:
-    """Write ``image`` under ``dest`` (which must not exist or be empty)."""
+    """Write ``image`` under ``dest`` (which must not exist or be empty), as the disk after a power loss:
+    from here on this process runs in a new boot (``simulate_reboot``), so the manifest sessions the
+    image holds are from a boot that ended, as they would be."""
+    simulate_reboot()
     os.makedirs(dest, exist_ok=True)
     for rel in sorted(image.dirs, key=len):
         os.makedirs(os.path.join(dest, rel), exist_ok=True)
     for rel, data in image.files.items():
         with open(os.path.join(dest, rel), "wb") as f:
             f.write(data)
+
+
+_REAL_BOOT_ID = manifest_reconcile.boot_id
+
+
+def simulate_reboot() -> None:
+    """A new boot id for this process (``manifest_reconcile.boot_id``) until ``restore_boot`` (an autouse
+    fixture calls it after each test): sessions written before look like a machine's that lost power."""
+    fresh = os.urandom(16)
+    manifest_reconcile.boot_id = lambda: fresh  # type: ignore[assignment]
+
+
+def restore_boot() -> None:
+    manifest_reconcile.boot_id = _REAL_BOOT_ID  # type: ignore[assignment]
 
 
 class NoSyncOps(FileOps):

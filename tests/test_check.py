@@ -10,7 +10,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 
@@ -19,7 +19,7 @@ from logstore.core.models import MemoryItem
 from logstore.file.frame import Frame, encode_frame, encode_items
 from logstore.file.index_codec import encode_entry
 from logstore.file.layout import conversation_paths
-from logstore.file.manifest_codec import decode_records, encode_record
+from logstore.file.manifest_codec import decode_records, encode_record, record_offsets
 from logstore.fsck import check_index
 from logstore.fsck.check import check
 from tests.corruption import append_garbage, flip_byte, rewrite_frame, truncate, write_at, zero_range
@@ -260,16 +260,14 @@ def manifest_lags(w: World) -> Expect:
 
 
 def manifest_record_damaged(w: World) -> Expect:
-    records, _, _ = decode_records(w.read(w.journal()))
-    offset = sum(len(encode_record(cid, e)) for cid, e in records[:3])
+    offset = record_offsets(w.read(w.journal()))[3]  # the journal also holds session marks
     flip_byte(w.journal(), offset + 12)
     return Expect("manifest-damaged", w.rel(w.journal()), offset, None)
 
 
 def manifest_claims_too_much(w: World) -> Expect:
     records, _, _ = decode_records(w.read(w.journal()))
-    entry = records[-1][1]
-    entry.next_seq += 5
+    entry = replace(records[-1][1], next_seq=records[-1][1].next_seq + 5)
     append_garbage(w.journal(), encode_record(C2, entry))
     return Expect("manifest-stale", "sites/local/manifest", None, None)
 

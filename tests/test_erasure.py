@@ -27,6 +27,9 @@ X, Y = "erase-me-0001", "keep-me-00002"
 
 
 def listed(store: Store, site: str = SITE) -> list[str]:
+    """The listing once a load's background reconciliation is done (after a crash it may lag the logs
+    until then: docs/FORMAT.md, "Sessions and reconciliation")."""
+    assert store._manifest(site).wait_reconciled(30)
     return [c.conversation_id for c in store.list_conversations(site, limit=1000).conversations]
 
 

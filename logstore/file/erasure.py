@@ -62,6 +62,8 @@ def erase_conversation(
     paths = conversation_paths(root, site, conversation_id)
     if not file_ops.exists(paths.directory):
         return ErasureResult(conversation_id, False, 0)
+    manifest = _manifest(file_ops, root, site)
+    manifest.begin_writes()  # a crash from here on makes the next load reconcile (the listing drops it)
     with held(paths.lock, lock_timeout):
         keep = {os.path.basename(paths.log), os.path.basename(paths.lock)}
         prefix = conversation_id + "."  # ids never contain '.', so the prefix names this conversation only
@@ -78,7 +80,8 @@ def erase_conversation(
         if had_log:
             file_ops.unlink(paths.log)
             file_ops.fsync_dir(paths.directory)  # the commit point
-        _manifest(file_ops, root, site).record_erased(conversation_id)
+        manifest.record_erased(conversation_id)
+    manifest.close()
     return ErasureResult(conversation_id, had_log, len(extras) + had_log)
 
 

@@ -1,32 +1,28 @@
 """Per-site manifest: the listing index (created_at / last_appended_at per conversation).
 
-Files in ``sites/<site>/manifest/`` (byte layout in docs/FORMAT.md, "Manifest"):
+Files in ``sites/<site>/manifest/`` (byte layout in docs/FORMAT.md, "Site manifest"):
 
-    snapshot.<gen>   compacted state of every journal with a lower generation (atomically replaced)
-    journal.<gen>    append-only records, one per commit group per conversation; O_APPEND, shared by
-                     every process on the data dir
+    snapshot.<gen>   packed state of every journal with a lower generation (atomically replaced)
+    journal.<gen>    append-only records and session marks; O_APPEND, shared by every process
     compact.lock     filelock taken only by the compactor
 
 Rules:
 - The manifest is a rebuildable index over the logs; the logs are the truth.
 - A conversation's *creation* record is fdatasynced before its log file is created, so after any crash
   the manifest knows every conversation that exists on disk (manifest ⊇ logs).
-- Commit records are written after the log's fdatasync and are not synced themselves (no second fsync on
-  the append path). After a crash they may be missing; on load every known conversation's log size is
-  compared with the recorded one (a stat each) and only the changed logs' tails are read to reconcile.
-- Records merge by max: a record wins if its next_seq is higher (or equal with a later last_appended_at),
-  so duplicates, reordering between processes and re-appends after compaction are all harmless.
-  The one exception is the *erasure* record (``created_at == ERASED``, written by ``logstore.file.erasure``
-  under the conversation lock after the log is gone, and by a single-conversation repair just before a
-  lower record): it drops the conversation whatever came before, and later records start afresh.
-  Every record of the old log precedes it in the journals, since they are written under that lock.
+- Commit records are written after the log's fdatasync (and before the append is acknowledged) and are
+  not synced themselves (no second fsync on the append path).
+- Sessions (``manifest_reconcile``): before its first log write a store fdatasyncs an *open* mark, at a
+  clean close a *close* mark. A load that finds every session closed (or its process still running) and
+  no damaged bytes trusts the manifest as is: no stat, no read of any log. Otherwise a background sweep
+  reconciles every conversation with its log, and a conversation touched first is reconciled then; the
+  sweep closes the crashed sessions when it is done.
+- Records merge by max (``manifest_codec.merged``); the erasure record drops a conversation.
 - Compaction (off the append path, in a background thread): create journal.<N+1>, read snapshot.<N> +
   journal.<N>, write snapshot.<N+1> (temp + fsync + rename + dir fsync), delete the old files. A writer
   appends to the newest journal and then checks that no newer one exists; if one does, it re-appends
-  there. The compactor creates the new journal *before* reading the old one, so every record is either
-  read by the compactor or re-appended by its writer.
-- Listing is O(log n + limit): a SortedList keyed by (-last_appended_at, conversation_id); other
-  processes' appends are picked up on each list call by reading the journal's new bytes (one fstat).
+  there. Every process that reaches generation N+1 re-bases its memory on snapshot.<N+1>.
+- In memory: ``ManifestTable`` (the packed snapshot plus an overlay of what changed since).
 """
 
 from __future__ import annotations
@@ -37,27 +33,29 @@ import threading
 from collections.abc import Callable, Iterator
 
 import filelock
-from sortedcontainers import SortedList
 
 from ..core.cursor import CursorCodec, CursorKey
 from ..core.errors import Io
-from ..core.ids import is_valid_id
 from ..core.models import ConversationListing, ConversationSummary, micros_to_datetime
 from . import layout
 from .conversation import CommitInfo
 from .fileio import FILE_MODE, FileOps
 from .manifest_codec import (
-    ERASED,
+    MARK_CLOSE,
+    MARK_OPEN,
     Entry,
     Generations,
-    decode_records,
+    Session,
+    decode_journal,
+    encode_mark,
     encode_record,
-    encode_snapshot,
     erased_entry,
     generations,
-    merge_record,
-    snapshot_body,
 )
+from .manifest_reconcile import Reconciliation, end_session, logs_under, new_session
+from .manifest_snapshot import encode_snapshot
+from .manifest_state import DiskState, read_state
+from .manifest_table import ManifestTable
 
 __all__ = ["SiteManifest", "COMPACT_THRESHOLD"]
 
@@ -81,15 +79,20 @@ class SiteManifest:
         self.directory = layout.manifest_dir(data_dir, site)
         self._cursor_key = cursor_key
         self._cursors = CursorCodec(cursor_key, site)
-        self._open_conversation = open_conversation
+        self.open_conversation = open_conversation
         self._lock = threading.RLock()
-        self._entries: dict[str, Entry] = {}
-        self._order: SortedList = SortedList()  # (-last_appended_at, conversation_id), listed ones only
+        self._table = ManifestTable()
+        self._sessions: set[Session] = set()  # open in the state loaded (snapshot sessions + marks)
+        self._marked = False  # the state holds evidence of sessions (a v2 snapshot or a mark)
+        self._session: Session | None = None  # ours, once its open mark is durable
+        self._unwritten: dict[str, Entry] = {}  # applied, but their journal write failed
         self._gen = 0
+        self._base_gen = -1  # generation of the snapshot the table is based on
         self._journal_fd: int | None = None
         self._read_pos = 0  # bytes of the active journal already applied
         self._loaded = False
-        self._loading = False
+        self._damaged = False
+        self._reconciliation: Reconciliation | None = None
         self._compactor: threading.Thread | None = None
         self._compact_wanted = threading.Event()
         self._closed = False
@@ -97,17 +100,18 @@ class SiteManifest:
     # ------------------------------------------------------------------ loading
     def ensure_loaded(self) -> None:
         with self._lock:
-            if self._loaded or self._loading:
+            if self._loaded:
                 return
-            self._loading = True
             try:
                 self._load()
-                self._reconcile()
-                self._loaded = True
-            except OSError as exc:  # reading the manifest or stat-ing a log failed: retryable
+            except OSError as exc:  # reading the manifest failed: retryable
                 raise self._io_error("load", exc) from exc
-            finally:
-                self._loading = False
+            self._loaded = True
+            self._reconciliation = Reconciliation.start_if_needed(
+                self, self._sessions, damaged=self._damaged, marked=self._marked
+            )
+            if self._table.base.version == 1:  # written by release 41344b8: repack it, off this path
+                self._schedule_compaction()
 
     def _io_error(self, action: str, exc: OSError) -> Io:
         return Io(f"manifest {action} failed for site {self.site}: {exc.strerror or exc}", errno=exc.errno)
@@ -119,105 +123,77 @@ class SiteManifest:
             return generations(())
 
     def _load(self) -> None:
-        """Rebuild memory from the newest snapshot and every journal at or after its generation."""
-        self._entries.clear()
-        self._order.clear()
+        """Memory from the newest snapshot and every journal at or after its generation."""
         self._close_journal()
         found = self._generations()
-        base = found.base
-        if found.snapshots:
-            self._apply_snapshot(self._path("snapshot", base), order=False)
-        live = found.live_journals
         self._gen = found.newest
-        for gen in live:
-            data = self.ops.read_file(self._path("journal", gen)) or b""
-            records, pos, damaged = decode_records(data)
-            self._apply(records, order=False)
-            if gen == self._gen:
-                self._read_pos = pos
-            if damaged:
-                log.warning("manifest journal %s damaged at byte %d; reconciling from logs", gen, pos)
-        # One sort instead of an insort per record: at 1M conversations 0.2 s instead of 1.5 s.
-        self._order.update((-e.last_appended_at, cid) for cid, e in self._entries.items() if e.next_seq > 0)
+        state = self._read_state(found.base, found.live_journals)
+        self._table, self._sessions, self._read_pos = state.table, state.sessions, state.pos
+        self._damaged, self._marked = state.damaged, state.marked
+        self._base_gen = found.base
 
-    def _apply_snapshot(self, path: str, *, order: bool = True) -> None:
-        data = self.ops.read_file(path) or b""
-        body = snapshot_body(data)
-        if body is None:
-            log.warning("manifest snapshot %s damaged; the logs will be rescanned", path)
-            self._rebuild_from_logs = True
-            return
-        records, _, _ = decode_records(body)
-        self._apply(records, order=order)
+    def _read_state(self, base: int, journals: list[int]) -> DiskState:
+        def discover() -> list[str]:
+            return list(logs_under(self.ops, layout.conversations_dir(self.data_dir, self.site)))
 
-    def _apply(self, records: list[tuple[str, Entry]], *, order: bool = True) -> None:
-        """Merge records into ``_entries`` (and ``_order``, unless the caller rebuilds it in bulk)."""
-        for cid, entry in records:
-            changed, previous = merge_record(self._entries, cid, entry)
-            if not (changed and order):
-                continue
-            if previous is not None and previous.next_seq > 0:
-                self._order.discard((-previous.last_appended_at, cid))
-            if entry.created_at != ERASED and entry.next_seq > 0:
-                self._order.add((-entry.last_appended_at, cid))
+        return read_state(self.ops, self.directory, base, journals, discover=discover)
 
-    def _reconcile(self) -> None:
-        """Compare each known log's size with the recorded one; re-read only the logs that changed."""
-        conv_root = layout.conversations_dir(self.data_dir, self.site)
-        if getattr(self, "_rebuild_from_logs", False):
-            self._discover(conv_root)
-        log_path = layout.log_path_function(self.data_dir, self.site)
-        stat_size = self.ops.stat_size
-        changed = []
-        for cid, entry in list(self._entries.items()):
-            size = stat_size(log_path(cid))
-            if (size or 0) != entry.log_size:
-                changed.append(cid)
-        for cid in changed:
-            info = self._open_conversation(cid)
-            if info is None:  # log gone or empty (e.g. cut back by fsck --truncate-corrupt)
-                self._force(
-                    cid,
-                    Entry(-1, -1, self.ops.stat_size(log_path(cid)) or 0, 0),
-                )
-                continue
-            entry = Entry(info.created_at, info.last_appended_at, info.log_size, info.next_seq)
-            self._force(cid, entry)
-            self._append_record(cid, entry)
-        if changed:
-            log.info(
-                "manifest for site %s reconciled %d conversation(s) from their logs", self.site, len(changed)
-            )
+    # ------------------------------------------------------------------ reconciliation
+    @property
+    def reconciling(self) -> bool:
+        return self._reconciliation is not None and self._reconciliation.running
 
-    def _discover(self, conv_root: str) -> None:
-        """Last resort (damaged snapshot): find every log file under the site."""
-        for cid in self._logs_under(conv_root):
-            if cid not in self._entries:
-                self._entries[cid] = Entry(-1, -1, -1, 0)
-        self._rebuild_from_logs = False
+    def wait_reconciled(self, timeout: float | None = None) -> bool:
+        """Wait for the background reconciliation (if any); False on timeout."""
+        return self._reconciliation is None or self._reconciliation.wait(timeout)
 
-    def _logs_under(self, directory: str) -> Iterator[str]:
-        """Conversation ids of the logs below ``directory``. Through ``FileOps.listdir``, not ``os.walk``:
-        os.walk skips a directory it cannot read without a word, which here would drop its conversations
-        from the listing for good; a failing read must raise (Io) and be retried instead."""
-        try:
-            names = self.ops.listdir(directory)
-        except FileNotFoundError:
-            return
-        for name in names:
-            cid = name.removesuffix(layout.LOG_SUFFIX)
-            if cid != name and is_valid_id(cid):
-                yield cid
-            elif "." not in name:  # a fan-out directory (conversation files all have an extension)
-                yield from self._logs_under(os.path.join(directory, name))
+    def touch(self, cid: str, summary: Callable[[], CommitInfo | None]) -> None:
+        """A conversation's first use: while the sweep runs, reconcile it now from its open handle."""
+        if self._reconciliation is not None and self._reconciliation.running:
+            self._reconciliation.touch(cid, summary)
 
-    def _force(self, cid: str, entry: Entry) -> None:
-        current = self._entries.get(cid)
-        if current is not None and current.next_seq > 0:
-            self._order.discard((-current.last_appended_at, cid))
-        self._entries[cid] = entry
-        if entry.next_seq > 0:
-            self._order.add((-entry.last_appended_at, cid))
+    def entry(self, cid: str) -> Entry | None:
+        with self._lock:
+            return self._table.get(cid)
+
+    def reconciled(self, cid: str, probed: Entry, info: CommitInfo | None, log_path: str) -> None:
+        """Take in what recovery says of ``cid``'s log (None: no items), ``probed`` being the entry it was
+        compared with. Lowering an entry (log gone or empty) only if no commit changed it meanwhile."""
+        with self._lock:
+            if info is not None:
+                record = Entry(info.created_at, info.last_appended_at, info.log_size, info.next_seq)
+                if self._table.apply(cid, record):
+                    self._append_logged(cid, record)
+            elif self._table.get(cid) != probed:
+                return
+            elif not self.ops.exists(log_path):
+                self._append_logged(cid, erased_entry())  # the log is gone (an interrupted erasure)
+                self._table.apply(cid, erased_entry())
+            else:  # an empty log (cut back by fsck): not listed; fsck rebuilds the manifest
+                self._table.force(cid, Entry(-1, -1, 0, 0))
+
+    def sweep_ids(self) -> Iterator[str]:
+        """Every conversation known now: the base by index (no list of a million ids), then the rest."""
+        with self._lock:
+            base = self._table.base
+            extra = self._table.added()
+        for i in range(base.count):
+            yield base.id_at(i)
+        yield from extra
+
+    def close_sessions(self, dead: set[Session]) -> None:
+        """The sweep is done: make its records durable, then close the crashed sessions (in that order:
+        a close mark must never outlive a record it vouches for)."""
+        with self._lock:
+            if self._closed:
+                return
+            self.begin_writes()  # evidence for the next load, even if nothing needed a record
+            self.ops.fdatasync(self._journal())
+            marks = b"".join(encode_mark(MARK_CLOSE, s) for s in dead)
+            if marks:
+                self._append_bytes(marks, sync=True)
+            self._sessions -= dead
+        log.info("manifest for site %s reconciled with its logs", self.site)
 
     # ------------------------------------------------------------------ journal
     def _path(self, kind: str, gen: int) -> str:
@@ -242,13 +218,12 @@ class SiteManifest:
             self.ops.fsync_dir(self.directory)
         return self._journal_fd
 
-    def _append_record(self, cid: str, entry: Entry, *, sync: bool = False) -> None:
+    def _append_bytes(self, data: bytes, *, sync: bool = False) -> None:
         """Append to the newest journal; if a compactor started a newer one meanwhile, append there too."""
-        record = encode_record(cid, entry)
         try:
             while True:
                 fd = self._journal()
-                self.ops.append(fd, record)
+                self.ops.append(fd, data)
                 if sync:
                     self.ops.fdatasync(fd)
                 if not self.ops.exists(self._path("journal", self._gen + 1)):
@@ -263,6 +238,36 @@ class SiteManifest:
         if size > COMPACT_THRESHOLD:
             self._schedule_compaction()
 
+    def _append_record(self, cid: str, entry: Entry, *, sync: bool = False) -> None:
+        self._append_bytes(encode_record(cid, entry), sync=sync)
+
+    def _append_logged(self, cid: str, entry: Entry) -> None:
+        """A record whose loss only makes the listing lag: a failure is logged and remembered (no clean
+        close mark then, so the next load reconciles), not raised."""
+        try:
+            self._append_record(cid, entry)
+        except Io as exc:
+            self._unwritten[cid] = entry
+            log.warning("%s", exc)
+
+    def _seek_newest(self) -> None:
+        """Position on the newest journal without loading (the erasure tool's never-loaded manifest)."""
+        if not self._loaded and self._journal_fd is None:
+            self._gen = self._generations().newest
+            self._read_pos = self.ops.stat_size(self._path("journal", self._gen)) or 0
+
+    def begin_writes(self) -> None:
+        """Called before this store's first log write (creation, commit, erasure): the session's open
+        mark, fdatasynced, so that a crash from here on is seen by the next load."""
+        if self._session is not None:
+            return
+        with self._lock:
+            if self._session is None:
+                self._seek_newest()
+                session = new_session()
+                self._append_bytes(encode_mark(MARK_OPEN, session), sync=True)
+                self._session = session
+
     def record_created(self, cid: str) -> None:
         """Durably note that a conversation's log is about to be created (before it is). Written even when
         the manifest already knows ``cid``: the log is missing (that is why it is being created), so what
@@ -270,48 +275,53 @@ class SiteManifest:
         but never durable), or a log another process erased since. Only that rare case costs a sync more."""
         with self._lock:
             self.ensure_loaded()
+            self.begin_writes()
             entry = Entry(-1, -1, 0, 0)
             self._append_record(cid, entry, sync=True)
-            self._apply([(cid, entry)])
+            self._table.apply(cid, entry)
 
     def record_commit(self, info: CommitInfo) -> None:
         """Note a durable append (called under the conversation lock, after the log's fdatasync)."""
         entry = Entry(info.created_at, info.last_appended_at, info.log_size, info.next_seq)
         with self._lock:
             self.ensure_loaded()
-            self._apply([(info.conversation_id, entry)])
-            try:
-                self._append_record(info.conversation_id, entry)
-            except Io as exc:  # the append is durable already; reconciliation will repair the manifest
-                log.warning("%s", exc)
+            self._table.apply(info.conversation_id, entry)
+            self._append_logged(info.conversation_id, entry)
 
     def record_erased(self, cid: str) -> None:
         """Durably note that ``cid``'s log was removed (erasure). The caller holds the conversation lock and
         removed the log first, so the manifest still lists every log on disk (manifest ⊇ logs). Works on a
         manifest that was never loaded (the CLI): the record goes to the newest journal."""
         with self._lock:
-            if not self._loaded:
-                self._gen = self._newest_generation()
-                self._read_pos = self.ops.stat_size(self._path("journal", self._gen)) or 0
+            self._seek_newest()
             self._append_record(cid, erased_entry(), sync=True)
-            self._apply([(cid, erased_entry())])
-
-    def _newest_generation(self) -> int:
-        return self._generations().newest
+            self._table.apply(cid, erased_entry())
 
     def _catch_up(self) -> None:
-        """Apply records other processes appended; follow compactions to newer journals."""
+        """Apply records other processes appended; follow compactions to newer journals (re-basing on
+        the new snapshot once it is there)."""
         while True:
             data = self._read_tail(self._path("journal", self._gen), self._read_pos)
             if data:
-                records, used, _ = decode_records(data)
-                self._apply(records)
-                self._read_pos += used
+                decoded = decode_journal(data)
+                for cid, entry in decoded.records:
+                    self._table.apply(cid, entry)
+                self._read_pos += decoded.pos
             if not self.ops.exists(self._path("journal", self._gen + 1)):
-                return
+                break
             self._close_journal()
             self._gen += 1
             self._read_pos = 0
+        if self._base_gen < self._gen and self.ops.exists(self._path("snapshot", self._gen)):
+            self._rebase()
+
+    def _rebase(self) -> None:
+        """Memory from snapshot.<gen> + journal.<gen> (what a fresh load reads): the overlay shrinks back
+        to what changed since the compaction. Records whose journal write failed are applied again."""
+        state = self._read_state(self._gen, [self._gen])
+        for cid, entry in self._unwritten.items():
+            state.table.apply(cid, entry)
+        self._table, self._base_gen, self._read_pos = state.table, self._gen, state.pos
 
     def _read_tail(self, path: str, pos: int) -> bytes:
         """Bytes of ``path`` from ``pos`` to its end (empty if it does not exist)."""
@@ -333,28 +343,27 @@ class SiteManifest:
                 self._refresh()
             except OSError as exc:
                 raise self._io_error("refresh", exc) from exc
-            start = 0
+            after = None
             if cursor is not None:
                 position = self._cursors.decode(cursor)
-                start = self._order.bisect_right((-position.last_appended_at, position.conversation_id))
-            keys = list(self._order.islice(start, start + limit)) if limit else []
-            has_more = start + len(keys) < len(self._order)
-            summaries = []
-            for neg_last, cid in keys:
-                entry = self._entries[cid]
-                summaries.append(
-                    ConversationSummary(
-                        cid, micros_to_datetime(entry.created_at), micros_to_datetime(-neg_last)
-                    )
-                )
-        last = CursorKey(-keys[-1][0], keys[-1][1]) if keys else None
-        return ConversationListing(summaries, self._cursors.next_cursor(cursor, last, has_more=has_more))
+                after = (-position.last_appended_at, position.conversation_id)
+            rows, has_more = self._table.page(after, limit) if limit else ([], False)
+            if not limit:
+                has_more = bool(self._table.page(after, 1)[0])
+        summaries = [
+            ConversationSummary(cid, micros_to_datetime(created), micros_to_datetime(last))
+            for cid, created, last in rows
+        ]
+        end = CursorKey(rows[-1][2], rows[-1][0]) if rows else None
+        return ConversationListing(summaries, self._cursors.next_cursor(cursor, end, has_more=has_more))
 
     def _refresh(self) -> None:
         """Cheap check for other processes' records: one stat of the active journal."""
         size = self.ops.stat_size(self._path("journal", self._gen))
-        if (size is not None and size > self._read_pos) or self.ops.exists(
-            self._path("journal", self._gen + 1)
+        if (
+            (size is not None and size > self._read_pos)
+            or self.ops.exists(self._path("journal", self._gen + 1))
+            or self._base_gen < self._gen
         ):
             self._catch_up()
 
@@ -402,15 +411,13 @@ class SiteManifest:
             self.ops.close(fd)
             self.ops.fsync_dir(self.directory)
             # State as of snapshot.<gen> + journal.<gen>, read from disk (includes other processes).
-            state = SiteManifest(
-                self.ops,
-                self.data_dir,
-                site=self.site,
-                cursor_key=self._cursor_key,
-                open_conversation=self._open_conversation,
-            )
-            state._load_upto(gen)
-            self.ops.atomic_write(self._path("snapshot", gen + 1), encode_snapshot(state._entries))
+            found = self._generations()
+            base = max((g for g in found.snapshots if g <= gen), default=0)
+            journals = [g for g in found.journals if base <= g <= gen]
+            state = self._read_state(base, journals)
+            snapshot = encode_snapshot(state.table.items(), state.sessions)
+            del state
+            self.ops.atomic_write(self._path("snapshot", gen + 1), snapshot)
             for old in (self._path("journal", gen), self._path("snapshot", gen)):
                 if self.ops.exists(old):
                     self.ops.unlink(old)
@@ -421,23 +428,22 @@ class SiteManifest:
         finally:
             lock.release()
 
-    def _load_upto(self, gen: int) -> None:
-        found = self._generations()
-        journals = found.journals
-        snaps = [g for g in found.snapshots if g <= gen]
-        base = snaps[-1] if snaps else 0
-        if snaps:
-            self._apply_snapshot(self._path("snapshot", base))
-        for g in journals:
-            if base <= g <= gen:
-                records, _, _ = decode_records(self.ops.read_file(self._path("journal", g)) or b"")
-                self._apply(records)
-
     def close(self) -> None:
+        """Stop the background threads; after a clean run, the session's close mark (fdatasynced)."""
         self._closed = True
         self._compact_wanted.set()
+        if self._reconciliation is not None:
+            self._reconciliation.stop()
         compactor = self._compactor
         if compactor is not None and compactor is not threading.current_thread():
             compactor.join()  # a compaction in flight finishes before the store's files are let go
         with self._lock:
+            session, self._session = self._session, None
+            if session is not None:
+                end_session(session)
+            if session is not None and not self._unwritten:
+                try:
+                    self._append_bytes(encode_mark(MARK_CLOSE, session), sync=True)
+                except Io as exc:  # the next load reconciles: the only cost of a missing close mark
+                    log.warning("%s", exc)
             self._close_journal()

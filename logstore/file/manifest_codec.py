@@ -1,21 +1,24 @@
-"""The manifest's codec (docs/FORMAT.md, "Manifest"): records, snapshot framing, generations. Pure, no
-I/O; used by the engine's ``SiteManifest``, fsck's ``ManifestView`` and the bench builder alike.
+"""The manifest's journal codec (docs/FORMAT.md, "Site manifest"): records, session marks, the merge
+rule, generations. Pure, no I/O; used by the engine's ``SiteManifest``, fsck's ``ManifestView``, backup and
+the bench builder alike. Snapshots are ``manifest_snapshot``.
 
     record    u32 body length | u32 crc32c(body) | body
     body      u8 id length | id (ASCII) | i64 created_at | i64 last_appended_at | u64 log_size | u32 next_seq
-    snapshot  SNAPSHOT_MAGIC | records | u32 crc32c(records)
-    journal   records, appended (O_APPEND) by every process
+    mark      body = u8 0 | u8 kind (1 open, 2 close) | boot id (16) | u32 pid | u64 start | u64 nonce
+    journal   records and marks, appended (O_APPEND) by every process
     names     snapshot.<gen>, journal.<gen> (``layout.manifest_file``); the newest snapshot plus every
               journal of its generation or later is the state
 
-Records merge by max (``Entry.newer_than``), so duplicates and reordering are harmless.
+Records merge by max (``Entry.newer_than``), so duplicates and reordering are harmless. A session mark is
+38 bytes of body, inside the record length range, and its first byte (0) can never be an id length (ids
+have 8-64 characters), so the v1 decoder's framing and resync apply unchanged.
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 
 from crc32c import crc32c
 
@@ -23,26 +26,31 @@ from ..core.ids import is_valid_id
 from .layout import parse_manifest_name
 
 __all__ = [
-    "SNAPSHOT_MAGIC",
     "Entry",
     "ERASED",
     "erased_entry",
+    "Session",
+    "Mark",
+    "Decoded",
     "Generations",
     "encode_record",
+    "encode_mark",
+    "decode_journal",
     "decode_records",
+    "first_gap",
+    "record_offsets",
+    "merged",
     "merge_record",
-    "encode_snapshot",
-    "snapshot_body",
     "generations",
 ]
 
 _RECORD = struct.Struct("<qqQI")  # created_at (-1: none yet), last_appended_at (-1), log_size, next_seq
 _FRAME = struct.Struct("<II")  # body length, crc32c(body)
-SNAPSHOT_MAGIC = b"LSMS\x01\x00\x00\x00"
-_CRC = struct.Struct("<I")
+_MARK = struct.Struct("<BB16sIQQ")  # 0, kind, boot id, pid, process start (clock ticks), nonce
+MARK_OPEN, MARK_CLOSE = 1, 2
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Entry:
     created_at: int
     last_appended_at: int
@@ -67,8 +75,44 @@ def encode_record(conversation_id: str, entry: Entry) -> bytes:
     return _FRAME.pack(len(body), crc32c(body)) + body
 
 
+@dataclass(frozen=True, slots=True)
+class Session:
+    """One writer's session: a ``SiteManifest`` of one process (pid and its start time, in clock ticks
+    since boot, name the process; the nonce tells two stores of one process apart)."""
+
+    boot_id: bytes  # 16 bytes: /proc/sys/kernel/random/boot_id
+    pid: int
+    start: int
+    nonce: int
+
+
+@dataclass(frozen=True, slots=True)
+class Mark:
+    kind: int  # MARK_OPEN or MARK_CLOSE
+    session: Session
+
+
+@dataclass(frozen=True, slots=True)
+class Decoded:
+    records: list[tuple[str, Entry]]
+    marks: list[Mark]
+    pos: int  # after the last record decoded
+    damaged: bool  # bytes were skipped before a valid record
+
+
+def encode_mark(kind: int, session: Session) -> bytes:
+    body = _MARK.pack(0, kind, session.boot_id, session.pid, session.start, session.nonce)
+    return _FRAME.pack(len(body), crc32c(body)) + body
+
+
 def decode_records(buf: bytes, pos: int = 0) -> tuple[list[tuple[str, Entry]], int, bool]:
-    """Records from ``buf[pos:]``: (records, position after the last one decoded, damaged?).
+    """``decode_journal`` without the session marks: (records, position, damaged?)."""
+    decoded = decode_journal(buf, pos)
+    return decoded.records, decoded.pos, decoded.damaged
+
+
+def decode_journal(buf: bytes, pos: int = 0) -> Decoded:
+    """Records and marks from ``buf[pos:]``.
 
     Damaged bytes (a record torn by a power loss: zeros, garbage, a partial write) are skipped when a
     valid record follows them: after a crash, the next boot appends its records (including fdatasynced
@@ -76,26 +120,30 @@ def decode_records(buf: bytes, pos: int = 0) -> tuple[list[tuple[str, Entry]], i
     record after them are left unconsumed (the returned position points at them): they may be a record
     another process is still writing, or a torn tail that later records will skip."""
     out: list[tuple[str, Entry]] = []
+    marks: list[Mark] = []
     damaged = False
     while pos + _FRAME.size <= len(buf):
         record = _record_at(buf, pos)
         if record is None:
             resume = _next_record(buf, pos + 1)
             if resume is None:
-                return out, pos, damaged or _definitely_bad(buf, pos)
+                return Decoded(out, marks, pos, damaged or _definitely_bad(buf, pos))
             damaged, pos = True, resume
             continue
         cid, entry, pos = record
-        out.append((cid, entry))
-    return out, pos, damaged
+        if isinstance(entry, Mark):
+            marks.append(entry)
+        else:
+            out.append((cid, entry))
+    return Decoded(out, marks, pos, damaged)
 
 
 _MIN_BODY = 1 + 8 + _RECORD.size  # the shortest conversation id is 8 characters
 _MAX_BODY = 1 + 64 + _RECORD.size
 
 
-def _record_at(buf: bytes, pos: int) -> tuple[str, Entry, int] | None:
-    """The complete, valid record at ``pos`` as (id, entry, end), or None."""
+def _record_at(buf: bytes, pos: int) -> tuple[str, Entry | Mark, int] | None:
+    """The complete, valid record or mark at ``pos`` as (id, entry or mark, end), or None."""
     if pos + _FRAME.size > len(buf):
         return None
     length, crc = _FRAME.unpack_from(buf, pos)
@@ -103,12 +151,33 @@ def _record_at(buf: bytes, pos: int) -> tuple[str, Entry, int] | None:
     if not _MIN_BODY <= length <= _MAX_BODY or end > len(buf):
         return None
     body = buf[pos + _FRAME.size : end]
-    if crc32c(body) != crc or body[0] + 1 + _RECORD.size != length:
+    if crc32c(body) != crc:
+        return None
+    if body[0] == 0:
+        if length != _MARK.size or body[1] not in (MARK_OPEN, MARK_CLOSE):
+            return None
+        _, kind, boot, pid, start, nonce = _MARK.unpack(body)
+        return "", Mark(kind, Session(boot, pid, start, nonce)), end
+    if body[0] + 1 + _RECORD.size != length:
         return None
     cid = body[1 : 1 + body[0]].decode("ascii", "replace")
     if not is_valid_id(cid):
         return None
     return cid, Entry(*_RECORD.unpack_from(body, 1 + body[0])), end
+
+
+def record_offsets(buf: bytes) -> list[int]:
+    """Start of each record or mark from the beginning of ``buf``, up to the first bytes that are not
+    one; that offset (``len(buf)`` if none) comes last."""
+    offsets = [0]
+    while (found := _record_at(buf, offsets[-1])) is not None:
+        offsets.append(found[2])
+    return offsets
+
+
+def first_gap(buf: bytes) -> int:
+    """Offset of the first bytes of ``buf`` that are not a valid record or mark (``len(buf)``: none)."""
+    return record_offsets(buf)[-1]
 
 
 def _next_record(buf: bytes, pos: int) -> int | None:
@@ -138,37 +207,31 @@ def erased_entry() -> Entry:
     return Entry(ERASED, -1, 0, 0)
 
 
-def merge_record(entries: dict[str, Entry], cid: str, entry: Entry) -> tuple[bool, Entry | None]:
-    """Apply one record to ``entries`` by the merge rule: the higher (next_seq, last_appended_at,
-    log_size) wins, a record without created_at (-1) keeps the known one, and an erasure record
-    (``ERASED``) drops the conversation. Returns (changed?, the entry it replaced or removed). The engine
-    and fsck both load through this."""
-    current = entries.get(cid)
+def merged(current: Entry | None, entry: Entry) -> Entry | None:
+    """THE merge rule: the state after applying record ``entry`` to ``current`` (None: not known). The
+    higher (next_seq, last_appended_at, log_size) wins, a record without created_at (-1) keeps the known
+    one, and an erasure record (``ERASED``) drops the conversation (None). Returns ``current`` itself
+    when the record changes nothing."""
     if entry.created_at == ERASED:
-        if current is None:
-            return False, None
-        del entries[cid]
-        return True, current
-    if current is not None and not entry.newer_than(current):
-        return False, current
-    if current is not None and entry.created_at < 0:
-        entry.created_at = current.created_at
-    entries[cid] = entry
-    return True, current
-
-
-def encode_snapshot(entries: Mapping[str, Entry]) -> bytes:
-    """A whole snapshot file: magic, one record per conversation, crc32c of the records."""
-    body = b"".join(encode_record(cid, entry) for cid, entry in entries.items())
-    return SNAPSHOT_MAGIC + body + _CRC.pack(crc32c(body))
-
-
-def snapshot_body(data: bytes) -> bytes | None:
-    """The records section of a snapshot file, or None if its magic or checksum fails."""
-    if len(data) < len(SNAPSHOT_MAGIC) + _CRC.size or not data.startswith(SNAPSHOT_MAGIC):
         return None
-    body = data[len(SNAPSHOT_MAGIC) : -_CRC.size]
-    return body if _CRC.unpack(data[-_CRC.size :])[0] == crc32c(body) else None
+    if current is not None and not entry.newer_than(current):
+        return current
+    if current is not None and entry.created_at < 0:
+        return replace(entry, created_at=current.created_at)
+    return entry
+
+
+def merge_record(entries: dict[str, Entry], cid: str, entry: Entry) -> tuple[bool, Entry | None]:
+    """``merged`` on a dict (fsck's view, backup). Returns (changed?, the entry it replaced or removed)."""
+    current = entries.get(cid)
+    new = merged(current, entry)
+    if new is current:
+        return False, current
+    if new is None:
+        del entries[cid]
+    else:
+        entries[cid] = new
+    return True, current
 
 
 @dataclass(frozen=True, slots=True)

@@ -69,7 +69,7 @@ class Store:
         conversation_id = validate_conversation_id(conversation_id)
         batch = prepare_batch(items)
         request = AppendRequest(encode_items(batch.items), batch.count)
-        with self._conversation(site, conversation_id) as conv:
+        with self._conversation(site, conversation_id, writing=True) as conv:
             return conv.append(request)
 
     def import_batch(self, site: str, conversation_id: str, batch: ImportedBatch) -> SeqRange:
@@ -150,9 +150,13 @@ class Store:
             return conv.summary()
 
     @contextmanager
-    def _conversation(self, site: str, conversation_id: str) -> Iterator[ConversationLog]:
+    def _conversation(
+        self, site: str, conversation_id: str, *, writing: bool = False
+    ) -> Iterator[ConversationLog]:
         key = (site, conversation_id)
         manifest = self._manifest(site)
+        if writing:
+            manifest.begin_writes()  # the session's open mark is durable before any log write
         with self._guard:
             if self._closed:
                 raise Unavailable("store is closed")
@@ -169,6 +173,8 @@ class Store:
         for victim in evict:
             victim.close()
         try:
+            if opened:  # after a crash, a conversation's first use reconciles it (if the sweep has not)
+                manifest.touch(conversation_id, conv.summary)
             yield conv
         finally:
             with self._guard:

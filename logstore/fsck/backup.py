@@ -46,7 +46,8 @@ from ..file.index_codec import (
 )
 from ..file.layout import ConversationPaths, conversation_paths
 from ..file.locking import held
-from ..file.manifest_codec import Entry, encode_snapshot, generations
+from ..file.manifest_codec import Entry, generations
+from ..file.manifest_snapshot import encode_snapshot
 from ..file.scanner import ScanState, frame_at, scan_log
 from .logdump import acknowledged_end
 
@@ -289,7 +290,7 @@ def _write_manifest(ops: FileOps, directory: str, entries: dict[str, Entry]) -> 
     ops.makedirs_durable(directory)
     found = generations(_names(directory))
     new = max(found.snapshots + found.journals, default=0) + 1
-    ops.atomic_write(layout.manifest_file(directory, "snapshot", new), encode_snapshot(entries))
+    ops.atomic_write(layout.manifest_file(directory, "snapshot", new), encode_snapshot(entries.items()))
     for kind, gens in (("snapshot", found.snapshots), ("journal", found.journals)):
         for gen in gens:
             if gen < new:

@@ -29,16 +29,17 @@ from ..core.models import micros_to_datetime, rfc3339
 from ..file import layout
 from ..file.fileio import FILE_MODE
 from ..file.manifest_codec import (
-    SNAPSHOT_MAGIC,
+    MARK_OPEN,
     Entry,
     Generations,
-    decode_records,
+    Session,
+    decode_journal,
     encode_record,
-    encode_snapshot,
+    first_gap,
     generations,
     merge_record,
-    snapshot_body,
 )
+from ..file.manifest_snapshot import decode_snapshot, encode_snapshot
 from .check_report import CheckContext, Finding, stray_kind
 
 __all__ = ["ManifestView", "describe_mismatch", "stray_findings"]
@@ -55,6 +56,7 @@ class ManifestView:
         self.site = site
         self.directory = layout.manifest_dir(ctx.data_dir, site)
         self.entries: dict[str, Entry] = {}
+        self.sessions: set[Session] = set()  # open sessions: kept by a rebuild (their stores may run)
         self.damage: list[tuple[str, int, str]] = []  # (path, offset, message)
         self.strays: list[tuple[str, str, str]] = []  # (kind, path, message)
         self._gen = 0
@@ -79,7 +81,7 @@ class ManifestView:
         self._load()
 
     def _load(self) -> None:
-        self.entries, self.damage, self.strays = {}, [], []
+        self.entries, self.sessions, self.damage, self.strays = {}, set(), [], []
         found = self._listing()
         base = found.base
         if found.snapshots:
@@ -105,32 +107,34 @@ class ManifestView:
         data = self.ctx.ops.read_file(path)
         if data is None:
             raise FileNotFoundError(path)
-        body = snapshot_body(data)
-        if body is None:
-            self.damage.append((path, 0, "snapshot fails its magic or checksum: its records are not used"))
+        snapshot = decode_snapshot(data)
+        if snapshot is None:
+            self.damage.append(
+                (path, 0, "snapshot fails its magic, checksum or layout: its records are not used")
+            )
             return
-        records, pos, damaged = decode_records(body)
-        if damaged or pos != len(body):
-            self.damage.append((path, len(SNAPSHOT_MAGIC) + pos, "bad record in snapshot"))
-        self._apply(records)
+        self.sessions.update(snapshot.sessions)
+        self._apply(list(snapshot.items()))
 
     def _read_journal(self, gen: int, *, newest: bool) -> None:
         path = self._path("journal", gen)
         data = self.ctx.ops.read_file(path)
         if data is None:
             raise FileNotFoundError(path)
-        records, pos, damaged = decode_records(data)
-        if pos < len(data) and newest:
+        decoded = decode_journal(data)
+        if decoded.pos < len(data) and newest:
             time.sleep(0.02)  # maybe a record being appended right now: look again before calling it torn
             data = self.ctx.ops.read_file(path) or data
-            records, pos, damaged = decode_records(data)
-        if damaged:  # decode_records skips damaged bytes when valid records follow: find where they are
-            self.damage.append((path, _first_gap(data, records), "damaged bytes between records (skipped)"))
-        if pos < len(data):
-            self.damage.append((path, pos, "incomplete or damaged record at the end (torn write)"))
-        self._apply(records)
+            decoded = decode_journal(data)
+        if decoded.damaged:  # damaged bytes are skipped when valid records follow: say where they are
+            self.damage.append((path, first_gap(data), "damaged bytes between records (skipped)"))
+        if decoded.pos < len(data):
+            self.damage.append((path, decoded.pos, "incomplete or damaged record at the end (torn write)"))
+        self._apply(decoded.records)
+        for mark in decoded.marks:
+            (self.sessions.add if mark.kind == MARK_OPEN else self.sessions.discard)(mark.session)
         if newest:
-            self._pos = pos
+            self._pos = decoded.pos
 
     def refresh(self) -> None:
         """Take in records appended since ``load`` (cheap: one stat, the new bytes)."""
@@ -142,9 +146,9 @@ class ManifestView:
         if size is None or size <= self._pos:
             return
         data = self.ctx.ops.read_file(path) or b""
-        records, pos, _ = decode_records(data, self._pos)
-        self._apply(records)
-        self._pos = pos
+        decoded = decode_journal(data, self._pos)
+        self._apply(decoded.records)
+        self._pos = decoded.pos
 
     def _apply(self, records: list[tuple[str, Entry]]) -> None:
         # SiteManifest's rule, so the view equals what a server would load.
@@ -225,7 +229,7 @@ class ManifestView:
                     entries[cid] = entry
                 elif cid in before and before[cid].next_seq == 0 and cid not in checked:
                     entries[cid] = before[cid]  # created, its log not yet: keep (manifest ⊇ logs)
-            ops.atomic_write(self._path("snapshot", new), encode_snapshot(entries))
+            ops.atomic_write(self._path("snapshot", new), encode_snapshot(entries.items(), self.sessions))
             self._gen = new
             fixes = {cid: e for cid, e in entries.items() if before.get(cid) != e}
             if fixes:
@@ -238,18 +242,6 @@ class ManifestView:
             ops.fsync_dir(self.directory)
         finally:
             lock.release()
-
-
-def _first_gap(data: bytes, records: list[tuple[str, Entry]]) -> int:
-    """Offset of the first bytes of ``data`` that are not the next decoded record (records encode
-    deterministically, so re-encoding them walks the journal until the damage)."""
-    pos = 0
-    for cid, entry in records:
-        record = encode_record(cid, entry)
-        if data[pos : pos + len(record)] != record:
-            return pos
-        pos += len(record)
-    return pos
 
 
 def describe_mismatch(stored: Entry | None, derived: Entry) -> str | None:

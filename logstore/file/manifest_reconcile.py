@@ -1,0 +1,231 @@
+"""When a site manifest may lag its logs, and the background sweep that catches it up (docs/FORMAT.md,
+"Site manifest", "Sessions and reconciliation").
+
+A writer's *session* is opened by a mark fdatasynced into the journal before its first log write, and
+closed by a mark (fdatasynced) when its store closes cleanly. On load, a session still open whose process
+is gone crashed: commits it made durable may lack their journal record. Its boot id says which crash:
+the same boot is a process crash (records it wrote are in the page cache; only commits in flight at the
+kill, never acknowledged, can lag), another boot a power loss or reboot (unsynced records of
+acknowledged commits may be gone). Either way the fix is the same, and never blocks a request: a
+background sweep probes every conversation (``log_may_differ``) and asks recovery (by opening the
+conversation) only where the log holds more than the manifest says; a conversation touched before the
+sweep reaches it is reconciled on that first touch.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from functools import cache, partial
+from typing import TYPE_CHECKING
+
+from ..core.errors import Corrupted, Io, LogstoreError, Timeout, Unavailable
+from ..core.ids import is_valid_id
+from . import layout
+from .conversation import CommitInfo
+from .fileio import FileOps
+from .log_tail import nothing_after
+from .manifest_codec import Entry, Session
+
+if TYPE_CHECKING:
+    from .manifest import SiteManifest
+
+__all__ = [
+    "boot_id",
+    "new_session",
+    "end_session",
+    "is_alive",
+    "log_may_differ",
+    "logs_under",
+    "Reconciliation",
+]
+
+log = logging.getLogger("logstore")
+
+
+@cache
+def boot_id() -> bytes:
+    """This boot's id (16 bytes); all zeros where the kernel does not provide one (a boot id that never
+    matches, so every unclosed session there counts as a power loss: the safe side)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as fh:
+            return uuid.UUID(fh.read().strip()).bytes
+    except (OSError, ValueError):
+        return bytes(16)
+
+
+def _start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (/proc/<pid>/stat field 22), or None."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except OSError:
+        return None
+    try:
+        return int(stat.rpartition(b")")[2].split()[19])
+    except (IndexError, ValueError):
+        return None
+
+
+_OURS: set[Session] = set()  # sessions of this process whose store has not closed yet
+
+
+def new_session() -> Session:
+    """A session for a store of this process; ``end_session`` when that store closes."""
+    pid = os.getpid()
+    session = Session(boot_id(), pid, _start_ticks(pid) or 0, secrets.randbits(64))
+    _OURS.add(session)
+    return session
+
+
+def end_session(session: Session) -> None:
+    _OURS.discard(session)
+
+
+def is_alive(session: Session) -> bool:
+    """Whether the session's store still runs: in this process, not closed yet; in another, the same
+    boot and the same pid with the same start time. A process in another pid namespace on a shared data
+    dir reads as gone: only a sweep more."""
+    if session.boot_id != boot_id():
+        return False
+    if session.pid == os.getpid():
+        return session in _OURS
+    return _start_ticks(session.pid) == session.start != 0
+
+
+def log_may_differ(ops: FileOps, path: str, entry: Entry) -> bool:
+    """Cheap check that a log holds exactly what ``entry`` records. One stat: a file of exactly
+    ``log_size`` bytes cannot hold more (the common case, a v1 log or a trimmed v2 one: no data page is
+    read); a shorter or missing one changed. A longer one (a v2 preallocated tail, or frames appended) is
+    read at the recorded end with the log's own rule (``log_tail.nothing_after``: zeros there, no frame).
+    The file size is never taken for the data's end. A false positive only costs a recovery."""
+    if entry.log_size < 0:  # found by a directory walk: nothing is known
+        return True
+    size = ops.stat_size(path)
+    if size is None:
+        return entry.next_seq > 0
+    if size <= entry.log_size:
+        return size < entry.log_size
+    try:
+        fd = ops.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return entry.next_seq > 0
+    try:
+        return not nothing_after(ops, fd, entry.log_size)
+    finally:
+        ops.close(fd)
+
+
+def logs_under(ops: FileOps, directory: str) -> Iterator[str]:
+    """Conversation ids of the logs below ``directory`` (a damaged snapshot's last resort). Through
+    ``FileOps.listdir``, not ``os.walk``: os.walk skips a directory it cannot read without a word, which
+    here would drop its conversations from the listing for good; a failing read must raise (Io)."""
+    try:
+        names = ops.listdir(directory)
+    except FileNotFoundError:
+        return
+    for name in names:
+        cid = name.removesuffix(layout.LOG_SUFFIX)
+        if cid != name and is_valid_id(cid):
+            yield cid
+        elif "." not in name:  # a fan-out directory (conversation files all have an extension)
+            yield from logs_under(ops, os.path.join(directory, name))
+
+
+class Reconciliation:
+    """One background sweep over a loaded manifest (``SiteManifest`` starts it when the load finds a
+    crashed session, damage, or a manifest of an older release); ``touch`` reconciles a conversation
+    ahead of it."""
+
+    def __init__(self, manifest: SiteManifest, dead: set[Session]) -> None:
+        self._manifest = manifest
+        self._dead = dead
+        self._paths = layout.log_path_function(manifest.data_dir, manifest.site)
+        self._touched: set[str] = set()  # reconciled ahead of the sweep (skipped when it gets there)
+        self._stopped = threading.Event()
+        self._finished = threading.Event()
+        self.failed: BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._run, name=f"logstore-reconcile-{manifest.site}", daemon=True
+        )
+        self._thread.start()
+
+    @classmethod
+    def start_if_needed(
+        cls, manifest: SiteManifest, sessions: set[Session], *, damaged: bool, marked: bool
+    ) -> Reconciliation | None:
+        """A running sweep if the state loaded may lag the logs (module docstring), else None: every
+        session closed or still running, no damaged bytes, and written by this format (``marked``)."""
+        dead = {s for s in sessions if not is_alive(s)}
+        if not (dead or damaged or not marked):
+            return None
+        why = (
+            "power loss or reboot with sessions open"
+            if any(s.boot_id != boot_id() for s in dead)
+            else "a store did not close cleanly"
+            if dead
+            else "damaged manifest bytes"
+            if damaged
+            else "written by an older release"
+        )
+        log.info("manifest for site %s: %s; reconciling with the logs in the background", manifest.site, why)
+        return cls(manifest, dead)
+
+    @property
+    def running(self) -> bool:
+        return not self._finished.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._finished.wait(timeout)
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
+
+    def touch(self, cid: str, summary: Callable[[], CommitInfo | None]) -> None:
+        """Reconcile ``cid`` ahead of the sweep. Best effort: a failure leaves it to the sweep (the
+        request that touched it meets its own errors)."""
+        if cid not in self._touched:
+            self._touched.add(cid)
+            try:
+                self._check(cid, summary)
+            except (OSError, LogstoreError) as exc:
+                self._touched.discard(cid)
+                log.warning("reconciling %s on first use failed (the sweep retries): %s", cid, exc)
+
+    def _check(self, cid: str, summary: Callable[[], CommitInfo | None]) -> None:
+        entry = self._manifest.entry(cid)
+        path = self._paths(cid)
+        if entry is not None and log_may_differ(self._manifest.ops, path, entry):
+            self._manifest.reconciled(cid, entry, summary(), path)
+
+    def _run(self) -> None:
+        manifest = self._manifest
+        try:
+            skipped = 0
+            for cid in manifest.sweep_ids():
+                if self._stopped.is_set():
+                    return
+                if cid not in self._touched:
+                    try:
+                        self._check(cid, partial(manifest.open_conversation, cid))
+                    except (OSError, Io, Timeout, Corrupted) as exc:  # this one stays as it was
+                        skipped += 1
+                        log.warning("reconciling %s failed: %s", cid, exc)
+            if skipped:  # the crashed sessions stay open: the next load sweeps again
+                log.warning("manifest of site %s: %d conversation(s) not reconciled", manifest.site, skipped)
+            elif not self._stopped.is_set():
+                manifest.close_sessions(self._dead)
+        except Unavailable:  # the store closed under the sweep: the next load sweeps again
+            return
+        except Exception as exc:  # noqa: BLE001 - the next load sweeps again; the listing just lags
+            self.failed = exc
+            log.exception("manifest reconciliation of site %s stopped", manifest.site)
+        finally:
+            self._touched.clear()
+            self._finished.set()

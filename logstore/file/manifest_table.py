@@ -1,0 +1,115 @@
+"""A site manifest's state in memory: the packed snapshot it loaded (``manifest_snapshot.Snapshot``) plus
+an overlay of the conversations changed since (journal records, this process's commits). Pure, no I/O.
+
+Why packed: a million conversations as a dict of objects and a sorted list of tuples took ~300 MB; the
+snapshot's columns take ~55 bytes a conversation, and the overlay only holds what the journals changed
+(bounded by compaction: a new snapshot becomes the new base, ``SiteManifest._rebase``).
+
+Listing merges the base (already in listing order, skipping conversations the overlay replaced) with the
+overlay's own sorted keys: a page is O(log n + limit + skipped), where skipped base entries are those the
+overlay replaced and that sort between the cursor and the page's end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from sortedcontainers import SortedList
+
+from .manifest_codec import ERASED, Entry, erased_entry, merged
+from .manifest_snapshot import EMPTY, Snapshot, listing_key
+
+__all__ = ["ManifestTable"]
+
+_GONE = erased_entry()  # overlay value of a conversation the base has but that was erased since
+
+
+class ManifestTable:
+    def __init__(self, base: Snapshot = EMPTY) -> None:
+        self.base = base
+        self._over: dict[str, Entry] = {}
+        self._order: SortedList = SortedList()  # listing keys of the overlay's listed entries
+
+    def get(self, conversation_id: str) -> Entry | None:
+        entry = self._over.get(conversation_id)
+        if entry is not None:
+            return None if entry.created_at == ERASED else entry
+        return self.base.get(conversation_id)
+
+    def apply(self, conversation_id: str, record: Entry) -> bool:
+        """Apply one record by the merge rule (``manifest_codec.merged``); True if the state changed."""
+        current = self.get(conversation_id)
+        new = merged(current, record)
+        if new is current:
+            return False
+        self._set(conversation_id, current, new)
+        return True
+
+    def force(self, conversation_id: str, entry: Entry) -> None:
+        """Replace whatever is known (reconciliation found the log says otherwise)."""
+        self._set(conversation_id, self.get(conversation_id), entry)
+
+    def _set(self, cid: str, current: Entry | None, new: Entry | None) -> None:
+        if current is not None and current.next_seq > 0 and cid in self._over:
+            self._order.discard(listing_key(cid, current))
+        if new is None:
+            if self.base.find(cid) is None:
+                self._over.pop(cid, None)
+            else:
+                self._over[cid] = _GONE
+            return
+        self._over[cid] = new
+        if new.next_seq > 0:
+            self._order.add(listing_key(cid, new))
+
+    def added(self) -> list[str]:
+        """Conversations known but not in the base (created or first seen since it was written)."""
+        find = self.base.find
+        return [cid for cid, e in self._over.items() if e.created_at != ERASED and find(cid) is None]
+
+    def __len__(self) -> int:
+        base, over = self.base, self._over
+        shadowed = sum(1 for cid in over if base.find(cid) is not None)
+        return base.count - shadowed + sum(1 for e in over.values() if e.created_at != ERASED)
+
+    def items(self) -> Iterator[tuple[str, Entry]]:
+        """Every known conversation (listed or not) and its entry."""
+        over = self._over
+        for cid, entry in self.base.items():
+            if cid not in over:
+                yield cid, entry
+        for cid, entry in over.items():
+            if entry.created_at != ERASED:
+                yield cid, entry
+
+    def page(self, after: tuple[int, str] | None, limit: int) -> tuple[list[tuple[str, int, int]], bool]:
+        """Up to ``limit`` listed conversations whose key sorts after ``after`` (None: from the top), in
+        listing order, as (id, created_at, last_appended_at), and whether more follow."""
+        base, over = self.base, self._over
+        i = 0 if after is None else base.first_listed_after(after)
+        j = 0 if after is None else self._order.bisect_right(after)
+        theirs = self._order.islice(j)
+        other = next(theirs, None)
+        out: list[tuple[str, int, int]] = []
+        listed, last, created, id_at = base.listed, base.last, base.created, base.id_at
+        mine: tuple[int, str] | None = None
+        while len(out) <= limit:
+            if mine is None:  # the next base entry the overlay did not replace
+                while i < listed:
+                    cid = id_at(i)
+                    if cid not in over:
+                        mine = (-last[i], cid)
+                        break
+                    i += 1
+            if mine is None and other is None:
+                break
+            if other is None or (mine is not None and mine < other):
+                assert mine is not None
+                out.append((mine[1], created[i], -mine[0]))
+                i += 1
+                mine = None
+            else:
+                entry = over[other[1]]
+                out.append((other[1], entry.created_at, entry.last_appended_at))
+                other = next(theirs, None)
+        return out[:limit], len(out) > limit

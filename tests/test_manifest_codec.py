@@ -1,0 +1,150 @@
+"""The manifest's pure parts: the v2 snapshot codec (one CRC, packed columns, the id hash table), v1
+snapshots of release 41344b8, session marks in the journal, and the packed table's listing against a
+sorted model."""
+
+from __future__ import annotations
+
+import random
+import struct
+
+import pytest
+from crc32c import crc32c
+
+from logstore.file.manifest_codec import (
+    MARK_CLOSE,
+    MARK_OPEN,
+    Entry,
+    Session,
+    decode_journal,
+    encode_mark,
+    encode_record,
+    erased_entry,
+    first_gap,
+)
+from logstore.file.manifest_snapshot import MAGIC_V1, decode_snapshot, encode_snapshot, listing_key
+from logstore.file.manifest_table import ManifestTable
+
+SESSION = Session(b"\x01" * 16, 4242, 987654, 2**63 + 5)
+
+
+def _entries(n: int, rng: random.Random) -> dict[str, Entry]:
+    out = {}
+    for i in range(n):
+        last = rng.randrange(1_000, 1_050)  # many ties: the id breaks them
+        seq = rng.choice([0, 0, 1, 5, 2**32 - 1])
+        out[f"conv-{rng.randrange(10**8):08d}-{i}"] = (
+            Entry(-1, -1, 0, 0) if seq == 0 else Entry(last - 7, last, rng.randrange(2**40), seq)
+        )
+    return out
+
+
+def test_snapshot_v2_roundtrip_listing_order_lookup_and_sessions():
+    rng = random.Random(1)
+    entries = _entries(500, rng)
+    data = encode_snapshot(entries.items(), [SESSION])
+    snap = decode_snapshot(data)
+    assert snap is not None and snap.version == 2 and snap.sessions == (SESSION,)
+    assert dict(snap.items()) == entries
+    listed = sorted((listing_key(c, e), c) for c, e in entries.items() if e.next_seq)
+    assert [snap.id_at(i) for i in range(snap.listed)] == [c for _, c in listed]
+    for cid, entry in entries.items():
+        assert snap.get(cid) == entry
+    assert snap.get("conv-not-there") is None
+    assert struct.unpack("<I", data[-4:])[0] == crc32c(data[8:-4])  # the one CRC, over everything
+    assert decode_snapshot(encode_snapshot([])) is not None
+
+
+@pytest.mark.parametrize("where", [0, 3, 8, 20, -5, -1])
+def test_snapshot_v2_damage_is_detected(where):
+    data = bytearray(encode_snapshot(_entries(50, random.Random(2)).items(), [SESSION]))
+    data[where] ^= 0x40
+    assert decode_snapshot(bytes(data)) is None
+    assert decode_snapshot(bytes(data[:-9])) is None
+
+
+def test_snapshot_v2_whose_sizes_disagree_is_damaged_even_with_a_valid_crc():
+    data = encode_snapshot(_entries(10, random.Random(3)).items())
+    body = bytearray(data[8:-4])
+    struct.pack_into("<I", body, 0, 11)  # count says 11
+    forged = data[:8] + bytes(body) + struct.pack("<I", crc32c(bytes(body)))
+    assert decode_snapshot(forged) is None
+
+
+def test_v1_snapshot_of_release_41344b8_is_read():
+    """The v1 layout, spelled out: magic 01, one CRC-framed record per conversation, crc32c of them."""
+    entries = _entries(40, random.Random(4))
+    records = b"".join(encode_record(cid, e) for cid, e in entries.items())
+    v1 = MAGIC_V1 + records + struct.pack("<I", crc32c(records))
+    snap = decode_snapshot(v1)
+    assert snap is not None and snap.version == 1 and dict(snap.items()) == entries
+    assert decode_snapshot(v1[:-1] + bytes([v1[-1] ^ 1])) is None
+
+
+def test_session_marks_travel_with_records_and_resync_skips_damage():
+    rec = encode_record("conv-00000001", Entry(1, 2, 3, 4))
+    data = encode_mark(MARK_OPEN, SESSION) + rec + b"\x00" * 7 + encode_mark(MARK_CLOSE, SESSION) + rec
+    decoded = decode_journal(data)
+    assert [m.kind for m in decoded.marks] == [MARK_OPEN, MARK_CLOSE]
+    assert decoded.marks[0].session == SESSION
+    assert [c for c, _ in decoded.records] == ["conv-00000001"] * 2
+    assert decoded.damaged and decoded.pos == len(data)
+    assert first_gap(data) == len(encode_mark(MARK_OPEN, SESSION)) + len(rec)
+
+
+def _model_pages(model: dict[str, Entry], after, limit):
+    keys = sorted(listing_key(c, e) for c, e in model.items() if e.next_seq > 0)
+    if after is not None:
+        keys = [k for k in keys if k > after]
+    return [k[1] for k in keys[:limit]], len(keys) > limit
+
+
+def test_table_listing_equals_a_sorted_model_under_updates_erasures_and_new_ids():
+    rng = random.Random(5)
+    model = _entries(300, rng)
+    table = ManifestTable(decode_snapshot(encode_snapshot(model.items())))
+    ids = list(model)
+    for step in range(600):
+        cid = rng.choice(ids) if rng.random() < 0.8 else f"conv-new-{step:05d}"
+        ids.append(cid)
+        kind = rng.random()
+        if kind < 0.1:
+            record = erased_entry()
+        elif kind < 0.2:
+            record = Entry(-1, -1, 0, 0)  # creation record
+        else:
+            current = model.get(cid)
+            seq = (current.next_seq if current else 0) + rng.choice([-1, 0, 1, 3])
+            last = rng.randrange(1_000, 1_080)
+            record = Entry(rng.choice([-1, last - 3]), last, rng.randrange(2**20), max(seq, 0))
+        table.apply(cid, record)
+        new = _merged_model(model.get(cid), record)
+        if new is None:
+            model.pop(cid, None)
+        else:
+            model[cid] = new
+        if step % 50 == 0:
+            assert dict(table.items()) == model
+            assert len(table) == len(model)
+            assert set(table.added()) == {c for c in model if table.base.find(c) is None}
+            keys = [None] + sorted(listing_key(c, e) for c, e in model.items() if e.next_seq)
+            for after in rng.sample(keys, min(5, len(keys))):
+                limit = rng.choice([1, 3, 50, 1000])
+                rows, more = table.page(after, limit)
+                assert ([c for c, _, _ in rows], more) == _model_pages(model, after, limit)
+                assert all((model[c].created_at, model[c].last_appended_at) == (f, t) for c, f, t in rows)
+
+
+def _merged_model(current: Entry | None, record: Entry) -> Entry | None:
+    """The merge rule written out again, independently of manifest_codec.merged."""
+    if record.created_at == -2:
+        return None
+    if current is None:
+        return record
+    if (record.next_seq, record.last_appended_at, record.log_size) <= (
+        current.next_seq,
+        current.last_appended_at,
+        current.log_size,
+    ):
+        return current
+    created = current.created_at if record.created_at < 0 else record.created_at
+    return Entry(created, record.last_appended_at, record.log_size, record.next_seq)
