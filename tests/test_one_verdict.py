@@ -76,6 +76,8 @@ MATRIX: dict[str, Callable[[ConversationPaths], None]] = {
     "mid-frame-zeroed-no-index": lambda p: (zero_range(p.log, _mid(p), 50), _remove_index(p)),
     "newer-version-last-frame": lambda p: write_at(p.log, _last(p) + 3, b"\x07"),
     "newer-version-last-frame-no-index": lambda p: (write_at(p.log, _last(p) + 3, b"\x07"), _remove_index(p)),
+    # A write torn between sectors: the new "LSF" landed, the version byte's sector did not (zeros).
+    "torn-version-byte-no-index": lambda p: (write_at(p.log, _last(p) + 3, b"\x00"), _remove_index(p)),
 }
 
 
@@ -139,5 +141,9 @@ def test_engine_fsck_and_export_agree(tmp_path, damage, version):
         assert engine == ("ok", expect)  # unused space (v2) or a torn tail (v1): nothing acknowledged lost
     if damage == "last-frame-zeroed-in-chunk":  # the index proves the zeroed frame was acknowledged
         assert engine == ("corrupt", last)
-    if damage.startswith("newer-version"):  # never cut as a torn tail: a newer release's data
+    if damage == "newer-version-last-frame":  # the index proves it acknowledged: never cut
         assert engine == ("corrupt", last)
+    if damage in ("newer-version-last-frame-no-index", "torn-version-byte-no-index"):
+        # Without index evidence an unknown version byte is what a write torn between sectors leaves (the
+        # new "LSF", an old or zero version byte): a torn tail, cut; nothing acknowledged is lost.
+        assert engine == ("ok", BATCHES * PER_BATCH - PER_BATCH)

@@ -8,8 +8,12 @@ Rules (docs/FORMAT.md, "Recovery"):
   i.e. has ``write_start <= p`` (a group commit whose fsync never returned).
 - Corruption (reported with the file and byte offset ``p``, never dropped): anything else, i.e. a valid
   frame of a *later* write after ``p``, or a seq gap/overlap between two valid frames.
-- A frame of a format version this build does not know (``unsupported-version``) is corruption, never a
-  torn tail: it may be a newer release's acknowledged data, which must not be truncated.
+- A frame of a format version this build does not know (``unsupported-version``) is judged like any other
+  bad frame: corruption if a valid frame of a later write follows (or the index proves it acknowledged),
+  else a torn tail. It is not evidence by itself: a write torn between sectors leaves the new ``LSF``
+  before an old, zero or garbage version byte (the power-loss torture produced one at a frame that began
+  3 bytes before a sector boundary). A newer format protects its data from older builds with the index
+  (which covers every frame after a clean close) and must mark the data dir, not rely on this byte.
 - Zeros from ``p`` to the end of the file are reported as such (``zero_tail``), still as a torn tail
   here: whether they are the preallocated unused tail of a v2 log is ``recovery.judge``'s decision (the
   one rule), and callers that know a frame at or after ``p`` was acknowledged (it is in the index)
@@ -163,7 +167,7 @@ def scan_log(
 def _stop(ops: FileOps, fd: int, result: ScanResult, offset: int, reason: str, size: int) -> None:
     result.stop_offset = offset
     result.reason = reason
-    if reason in ("seq-gap", "unsupported-version"):
+    if reason == "seq-gap":
         result.state = ScanState.CORRUPT
         return
     if reason == "bad-magic" and zeros_to_end(ops, fd, offset, size):
