@@ -37,7 +37,11 @@ class FileOps:
     # --- data --------------------------------------------------------------------------------------
     def pwrite(self, fd: int, data: bytes | memoryview, offset: int) -> None:
         """Write all of ``data`` at ``offset`` (short writes are continued; ENOSPC surfaces)."""
-        view = memoryview(data)
+        written = os.pwrite(fd, data, offset)  # one call in the usual case: no memoryview, no loop
+        if written == len(data):
+            return
+        view = memoryview(data)[written:]
+        offset += written
         while view:
             written = os.pwrite(fd, view, offset)
             if written <= 0:  # pragma: no cover - a zero-byte write of non-empty data means a full disk
