@@ -1,6 +1,7 @@
 """The append path's fast paths give exactly what the general code gives (issue 12, P1-cpu): the
 single-request ``encode_group``, the state ``write_group`` builds field by field, and
-``FileOps.pwrite``'s one call that still continues a short write."""
+``FileOps.pwrite``'s one call that still continues a short write, and the index lag remembered
+between appends."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ from logstore.core.errors import ConversationFull
 from logstore.core.limits import MAX_CONVERSATION_ITEMS
 from logstore.file.fileio import FileOps
 from logstore.file.group_commit import AppendRequest
+from logstore.file.index_codec import encode_entry
 from logstore.file.log_writer import encode_group, write_group
 from logstore.file.recovery import LogState
+from logstore.file.seq_index import LAG_BYTES, LAG_FRAMES, SidecarIndex
 
 ITEMS = b'{"k":1,"text":"' + b"x" * 180 + b'"}'
 
@@ -112,5 +115,49 @@ def test_pwrite_continues_a_short_write(tmp_path, monkeypatch):
         monkeypatch.undo()
         assert os.pread(fd, 20, 0) == bytes(5) + b"0123456789"
         assert calls == [5, 8, 11, 14]
+    finally:
+        os.close(fd)
+
+
+def _entries(offsets: list[int]) -> bytearray:
+    return bytearray(b"".join(encode_entry(off, seq) for seq, off in enumerate(offsets)))
+
+
+def test_index_is_written_once_it_lags_by_frames_or_bytes_also_after_a_rebuild(tmp_path):
+    index = SidecarIndex(FileOps(), str(tmp_path / "c.idx"))
+    assert index.open_and_read() == bytearray()
+    small = list(range(0, 100 * 200, 200))  # 200 B frames
+    entries = _entries(small)
+    for n in range(1, LAG_FRAMES):
+        index.write(entries, n, small[n - 1] + 200)
+        assert index.valid == 0  # lagging by fewer than LAG_FRAMES frames and LAG_BYTES: not written
+    index.write(entries, LAG_FRAMES, small[LAG_FRAMES - 1] + 200)
+    assert index.valid == LAG_FRAMES  # the lag start moved with ``valid``
+    index.write(entries, LAG_FRAMES + 1, small[LAG_FRAMES] + 200)
+    assert index.valid == LAG_FRAMES
+    # A rebuild (a new buffer, valid back to 0): the lag is measured from the new buffer's entry,
+    # not from the one remembered for the old buffer at the same ``valid``.
+    index.valid = 0
+    index.write(entries, 1, 200)  # remembers entry 0 of ``entries``: offset 0
+    far = 10 * LAG_BYTES
+    index.write(_entries([far, far + 200]), 2, far + 400)
+    assert index.valid == 0  # 400 B behind: not written (a stale offset 0 would say 10 MiB)
+    index.write(_entries([0, LAG_BYTES]), 2, LAG_BYTES + 200)
+    assert index.valid == 2
+    index.close()
+
+
+def test_pread_continues_a_short_read_and_stops_at_the_end(tmp_path, monkeypatch):
+    path = str(tmp_path / "f")
+    with open(path, "wb") as f:
+        f.write(b"0123456789")
+    real = os.pread
+    monkeypatch.setattr(os, "pread", lambda fd, n, off: real(fd, min(n, 3), off))  # 3 bytes a call
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        ops = FileOps()
+        assert ops.pread(fd, 6, 2) == b"234567"
+        assert ops.pread(fd, 100, 4) == b"456789"  # fewer only at the end of the file
+        assert ops.pread(fd, 0, 0) == b"" and ops.pread(fd, 5, 10) == b""
     finally:
         os.close(fd)

@@ -57,7 +57,12 @@ class FileOps:
 
     def pread(self, fd: int, size: int, offset: int) -> bytes:
         """Read up to ``size`` bytes at ``offset``; fewer only at end of file."""
-        chunks = []
+        first = os.pread(fd, size, offset) if size > 0 else b""  # one call in the usual case
+        if len(first) == size or not first:
+            return first
+        chunks = [first]
+        size -= len(first)
+        offset += len(first)
         while size > 0:
             chunk = os.pread(fd, size, offset)
             if not chunk:

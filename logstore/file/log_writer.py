@@ -11,7 +11,6 @@ batches share the group's time (``now``, never before the conversation's last); 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import NamedTuple
 
 from ..core.errors import ConversationFull
@@ -27,9 +26,9 @@ from .recovery import LogState
 __all__ = ["CommitInfo", "EncodedGroup", "Written", "encode_group", "write_group"]
 
 
-@dataclass(frozen=True, slots=True)
-class CommitInfo:
-    """What the manifest needs to know after a commit (all times in microseconds)."""
+class CommitInfo(NamedTuple):
+    """What the manifest needs to know after a commit (all times in microseconds). Immutable; a
+    NamedTuple like the other per-commit records here (``EncodedGroup``)."""
 
     conversation_id: str
     created_at: int
