@@ -37,7 +37,11 @@ class FileOps:
     # --- data --------------------------------------------------------------------------------------
     def pwrite(self, fd: int, data: bytes | memoryview, offset: int) -> None:
         """Write all of ``data`` at ``offset`` (short writes are continued; ENOSPC surfaces)."""
-        view = memoryview(data)
+        written = os.pwrite(fd, data, offset)  # one call in the usual case: no memoryview, no loop
+        if written == len(data):
+            return
+        view = memoryview(data)[written:]
+        offset += written
         while view:
             written = os.pwrite(fd, view, offset)
             if written <= 0:  # pragma: no cover - a zero-byte write of non-empty data means a full disk
@@ -53,7 +57,12 @@ class FileOps:
 
     def pread(self, fd: int, size: int, offset: int) -> bytes:
         """Read up to ``size`` bytes at ``offset``; fewer only at end of file."""
-        chunks = []
+        first = os.pread(fd, size, offset) if size > 0 else b""  # one call in the usual case
+        if len(first) == size or not first:
+            return first
+        chunks = [first]
+        size -= len(first)
+        offset += len(first)
         while size > 0:
             chunk = os.pread(fd, size, offset)
             if not chunk:

@@ -48,7 +48,7 @@ class PathLock:
 
     def acquire(self, timeout: float) -> None:
         """Take the lock or raise ``Timeout`` after ``timeout`` seconds (``Io`` on an OS failure)."""
-        deadline = time.monotonic() + timeout
+        deadline: float | None = None  # read the clock only once the first try failed
         delay = 0.0002
         try:
             if self._fd is None:
@@ -59,6 +59,8 @@ class PathLock:
                     return
                 except BlockingIOError:
                     pass
+                if deadline is None:
+                    deadline = time.monotonic() + timeout
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise Timeout(

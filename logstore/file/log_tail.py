@@ -23,7 +23,7 @@ file lock, and all only ever *remove* unacknowledged bytes:
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .fileio import FileOps
 from .frame import PREFIX_SIZE, Frame
@@ -51,8 +51,7 @@ _PAGE = 4096
 _ONE_READ = 64 * 1024  # the tail frame and the next header in one pread when the frame is smaller
 
 
-@dataclass(frozen=True, slots=True)
-class TailProbe:
+class TailProbe(NamedTuple):  # immutable; a NamedTuple is cheaper to build (one per append)
     signature: bytes | None  # magic + CRC bytes found at the state's tail offset (None: no frame yet)
     idle: bool  # no frame starts at the state's end (zeros there, or the file ends there)
 

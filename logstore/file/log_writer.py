@@ -11,7 +11,7 @@ batches share the group's time (``now``, never before the conversation's last); 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from ..core.errors import ConversationFull
 from ..core.imported import import_refusal
@@ -26,9 +26,9 @@ from .recovery import LogState
 __all__ = ["CommitInfo", "EncodedGroup", "Written", "encode_group", "write_group"]
 
 
-@dataclass(frozen=True, slots=True)
-class CommitInfo:
-    """What the manifest needs to know after a commit (all times in microseconds)."""
+class CommitInfo(NamedTuple):
+    """What the manifest needs to know after a commit (all times in microseconds). Immutable; a
+    NamedTuple like the other per-commit records here (``EncodedGroup``)."""
 
     conversation_id: str
     created_at: int
@@ -37,8 +37,10 @@ class CommitInfo:
     next_seq: int
 
 
-@dataclass(frozen=True, slots=True)
-class EncodedGroup:
+class EncodedGroup(NamedTuple):
+    """Immutable like a frozen dataclass; a NamedTuple because it is built on every commit and costs
+    half as much to build (~1 us less per append here: 10 fields)."""
+
     accepted: list[tuple[AppendRequest, int]]  # request, its first seq
     data: bytes  # every accepted frame, back to back: one pwrite at ``write_start``
     write_start: int
@@ -63,6 +65,10 @@ def encode_group(
     """Frames (format ``version``: the log's) for ``group`` from seq ``next_seq`` at ``write_start``;
     None if no batch was accepted. ``last_at``: the conversation's last recorded_at (None: empty),
     which no frame may precede."""
+    if len(group) == 1 and group[0].imported is None and group[0].error is None:
+        return _encode_one(
+            group[0], next_seq=next_seq, write_start=write_start, now=now, last_at=last_at, version=version
+        )
     seq, offset, first_at = next_seq, write_start, 0
     frames: list[bytes] = []
     entries: list[bytes] = []
@@ -73,13 +79,7 @@ def encode_group(
             req.error = import_refusal(req.imported, next_seq=seq, last_recorded_at=last_at)
             recorded_at = req.imported.recorded_at
         if req.error is None and seq + req.count > MAX_CONVERSATION_ITEMS:
-            req.error = ConversationFull(
-                f"conversation holds {seq} items; appending {req.count} would pass the limit of "
-                f"{MAX_CONVERSATION_ITEMS}",
-                stored=seq,
-                requested=req.count,
-                limit=MAX_CONVERSATION_ITEMS,
-            )
+            req.error = _full(seq, req.count)
         if req.error is not None:
             req.done = True
             continue
@@ -114,8 +114,49 @@ def encode_group(
     )
 
 
-@dataclass(frozen=True, slots=True)
-class Written:
+def _encode_one(
+    req: AppendRequest, *, next_seq: int, write_start: int, now: int, last_at: int | None, version: int
+) -> EncodedGroup | None:
+    """``encode_group`` of one appended (not imported) batch, the single writer's case: the same
+    outcome without the lists, joins and loop (~1 us per append)."""
+    if next_seq + req.count > MAX_CONVERSATION_ITEMS:
+        req.error, req.done = _full(next_seq, req.count), True
+        return None
+    recorded_at = now if last_at is None or now > last_at else last_at  # never goes back
+    frame = encode_frame(
+        first_seq=next_seq,
+        count=req.count,
+        recorded_at=recorded_at,
+        write_start=write_start,
+        encoded_items=req.encoded,
+        version=version,
+    )
+    end = write_start + len(frame)
+    return EncodedGroup(
+        [(req, next_seq)],
+        frame,
+        write_start,
+        end,
+        next_seq + req.count,
+        write_start,
+        frame[:8],
+        encode_entry(write_start, next_seq),
+        recorded_at,
+        recorded_at,
+    )
+
+
+def _full(stored: int, requested: int) -> ConversationFull:
+    return ConversationFull(
+        f"conversation holds {stored} items; appending {requested} would pass the limit of "
+        f"{MAX_CONVERSATION_ITEMS}",
+        stored=stored,
+        requested=requested,
+        limit=MAX_CONVERSATION_ITEMS,
+    )
+
+
+class Written(NamedTuple):
     state: LogState  # the state after the commit, to publish
     fsync_seconds: float
     chunk: int  # the handle's last preallocated chunk (``log_tail.next_chunk``)
@@ -141,8 +182,10 @@ def write_group(
     if encoded.write_start == 0:
         ops.fsync_dir(directory)
     state.entries.extend(encoded.entries)  # past ``state.frames``: invisible until the new state is out
-    after = replace(
-        state,
+    # LogState(...) with every field, not dataclasses.replace: ~1 us less per append
+    # (tests/test_log_writer.py checks that no field is dropped).
+    after = LogState(
+        state.entries,
         frames=state.frames + len(encoded.accepted),
         end=encoded.end,
         next_seq=encoded.next_seq,
@@ -152,6 +195,9 @@ def write_group(
         # The tail check's reference is what was written, not a re-read of the file (one pread less per
         # append, and a change by another process right after this commit is not taken as reference).
         tail_sig=encoded.tail_sig,
+        corrupt=state.corrupt,
+        torn_at=state.torn_at,
+        version=state.version,
         size=size,
     )
     return Written(after, fsync_seconds, chunk)

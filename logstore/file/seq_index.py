@@ -90,6 +90,11 @@ class SidecarIndex:
         self.path = path
         self.fd: int | None = None
         self.valid = 0  # leading file entries known to equal the state's entries
+        # The log offset of entry ``valid`` (the first not in the file) of the ``_lag_of`` buffer,
+        # decoded once per lag instead of on every append (~1 us); buffers are append-only, a rebuild
+        # starts a new one, so (buffer, valid) names the entry.
+        self._lag_of: tuple[bytearray, int] | None = None
+        self._lag_from: int | None = None
 
     def open_and_read(self) -> bytearray:
         """Open (creating it) and return its checked-header entries; empty if it cannot be opened (the
@@ -108,7 +113,7 @@ class SidecarIndex:
                 self.ops.close(self.fd)
             except OSError:
                 pass
-        self.fd, self.valid = None, 0
+        self.fd, self.valid, self._lag_of = None, 0, None
 
     def write(self, entries: bytearray, n: int, end: int, *, force: bool = False) -> None:
         """Bring the file up to the first ``n`` entries of a log ending at ``end`` - but on the append
@@ -118,8 +123,11 @@ class SidecarIndex:
         if self.fd is None or n <= self.valid:
             return
         if not force and n - self.valid < LAG_FRAMES:
-            first = decode_entry(entries, self.valid)  # the first entry not in the file yet
-            if first is not None and end - first[0] < LAG_BYTES:
+            lag_of = self._lag_of
+            if lag_of is None or lag_of[0] is not entries or lag_of[1] != self.valid:
+                first = decode_entry(entries, self.valid)  # the first entry not in the file yet
+                self._lag_of, self._lag_from = (entries, self.valid), None if first is None else first[0]
+            if self._lag_from is not None and end - self._lag_from < LAG_BYTES:
                 return
         self.follow_replaced()
         if self.fd is not None:
