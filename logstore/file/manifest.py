@@ -86,7 +86,7 @@ class SiteManifest:
         self._marked = False  # the state holds evidence of sessions (a v2 snapshot or a mark)
         self._session: Session | None = None  # ours, once its open mark is durable
         self._unwritten: dict[str, Entry] = {}  # applied, but their journal write failed
-        self._gen = 0
+        self._gen, self._successor, self._unchecked = 0, (-1, ""), 0  # the last two: see _append_bytes
         self._base_gen = -1  # generation of the snapshot the table is based on
         self._journal_fd: int | None = None
         self._read_pos = 0  # bytes of the active journal already applied
@@ -226,15 +226,16 @@ class SiteManifest:
                 self.ops.append(fd, data)
                 if sync:
                     self.ops.fdatasync(fd)
-                if not self.ops.exists(self._path("journal", self._gen + 1)):
+                if self._successor[0] != self._gen:  # a compactor's next journal: one path per generation
+                    self._successor = (self._gen, self._path("journal", self._gen + 1))
+                if not self.ops.exists(self._successor[1]):
                     break
                 self._catch_up()  # moves self._gen forward (and re-reads what others wrote)
-            size = self.ops.size(fd)
+            self._unchecked = (self._unchecked + 1) % 32  # the size only decides when to compact:
+            size = self.ops.size(fd) if not self._unchecked else 0  # an fstat every 32 records
         except OSError as exc:
             self._close_journal()
-            raise Io(
-                f"manifest write failed for site {self.site}: {exc.strerror or exc}", errno=exc.errno
-            ) from exc
+            raise self._io_error("write", exc) from exc
         if size > COMPACT_THRESHOLD:
             self._schedule_compaction()
 
