@@ -8,7 +8,7 @@ import shutil
 
 from logstore import Store
 from logstore.file.layout import conversation_paths
-from logstore.file.log_tail import FIRST_CHUNK, MAX_CHUNK
+from logstore.file.log_tail import FIRST_CHUNK, MAX_CHUNK, UNPREALLOCATED_WRITE
 from tests.helpers import log_frames
 
 SITE = "site-a"
@@ -99,3 +99,24 @@ def test_a_tail_trimmed_by_another_handle_is_noticed_and_regrown(tmp_path):
         a.append(SITE, "conv-two-01", ITEMS)
         assert os.path.getsize(log) > _end(log)  # a noticed and grew a fresh chunk
         assert [it.seq for it in a.replay(SITE, "conv-two-01", 0, 100)] == list(range(30))
+
+
+def test_a_large_commit_past_the_chunk_extends_the_file_without_zeros(tmp_path):
+    """A chunk's zeros are written twice (zeros, then data): for a commit of UNPREALLOCATED_WRITE bytes
+    or more the file grows by the frames alone; small commits after it grow a chunk again."""
+    data = str(tmp_path / "data")
+    log = conversation_paths(data, SITE, "conv-big-0001").log
+    big = [{"k": k, "blob": "y" * (UNPREALLOCATED_WRITE // 4)} for k in range(5)]  # > UNPREALLOCATED_WRITE
+    with Store(data) as store:
+        store.append(SITE, "conv-big-0001", ITEMS)  # a small first commit: a zero-filled first chunk
+        chunk_end = os.path.getsize(log)
+        assert chunk_end > _end(log)
+        store.append(SITE, "conv-big-0001", big)  # fits in the chunk
+        assert os.path.getsize(log) == chunk_end
+        store.append(SITE, "conv-big-0001", big)  # passes it: extended by the frames alone, no zeros
+        assert _end(log) > chunk_end and os.path.getsize(log) == _end(log)
+        store.append(SITE, "conv-big-0001", ITEMS)  # small commits preallocate again
+        assert os.path.getsize(log) > _end(log)
+    with Store(data) as store:
+        payloads = [i.payload for i in store.replay(SITE, "conv-big-0001", 0, 1000)]
+    assert payloads == [*ITEMS, *big, *big, *ITEMS]

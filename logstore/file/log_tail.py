@@ -38,6 +38,7 @@ __all__ = [
     "unchanged",
     "nothing_after",
     "next_chunk",
+    "UNPREALLOCATED_WRITE",
     "grown_size",
     "trim",
     "truncate_torn",
@@ -47,6 +48,11 @@ __all__ = [
 
 FIRST_CHUNK = 64 * 1024
 MAX_CHUNK = 4 * 1024 * 1024
+# A commit this large past the preallocated end extends the file by its own bytes, without zeros: a
+# chunk's zeros are written once and then again as data, which halved large-batch throughput (sweep,
+# 10 x 64 KiB items: 0.61x raw before preallocation, 0.25x with it), while the inode update it saves is
+# a fixed cost that only matters for small commits. The format allows both (no zeros = a clean end).
+UNPREALLOCATED_WRITE = 32 * 1024
 _PAGE = 4096
 _ONE_READ = 64 * 1024  # the tail frame and the next header in one pread when the frame is smaller
 

@@ -20,7 +20,7 @@ from .fileio import FileOps
 from .frame import encode_frame
 from .group_commit import AppendRequest
 from .index_codec import encode_entry
-from .log_tail import grown_size, next_chunk
+from .log_tail import UNPREALLOCATED_WRITE, grown_size, next_chunk
 from .recovery import LogState
 
 __all__ = ["CommitInfo", "EncodedGroup", "Written", "encode_group", "write_group"]
@@ -169,9 +169,10 @@ def write_group(
     plus the directory fsync for a log's first frame (its entry must be durable before anything in it
     is acknowledged; done here, not at creation, so a failed directory fsync is retried with the append).
     A v2 log that would pass its file's end grows by a zero-filled chunk in the same write
-    (``log_tail``). Raises ``OSError``: the caller poisons the handle, nothing is acknowledged."""
+    (``log_tail``), unless the write is large (``UNPREALLOCATED_WRITE``): that one just extends the file.
+    Raises ``OSError``: the caller poisons the handle, nothing is acknowledged."""
     data, size = encoded.data, max(state.size, encoded.end)
-    if state.version >= 2 and encoded.end > state.size:
+    if state.version >= 2 and encoded.end > state.size and len(data) < UNPREALLOCATED_WRITE:
         chunk = next_chunk(chunk)
         size = grown_size(encoded.end, chunk)
         data += bytes(size - encoded.end)
