@@ -468,6 +468,13 @@ def test_an_index_lagging_within_the_engines_bound_is_no_finding(world):
     assert check(world.data_dir).findings == []
 
 
+def test_a_missing_index_within_the_engines_bound_is_no_finding(world):
+    """A new conversation of a running server (or after a kill -9) has no index file until it lags by
+    LAG_FRAMES frames or the log is closed: fsck of a live data dir must not call that an error."""
+    os.unlink(world.paths().index)
+    assert check(world.data_dir).findings == []
+
+
 def test_a_v2_logs_zero_tail_is_unused_space_reported_not_a_finding(world):
     size = os.path.getsize(world.paths().log)
     append_garbage(world.paths().log, b"\0" * 70_000)  # what a crash leaves: a preallocated chunk

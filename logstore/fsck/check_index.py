@@ -60,7 +60,10 @@ def index_problem(
         return (frames[i].first_seq, frames[-1].first_seq + frames[-1].count - 1)
 
     if not index:
-        return IndexProblem("index-missing", None, span(0), "no index for a log with frames") if n else None
+        # A live or crashed store may not have written it yet: missing within the lag bound is fine too.
+        if n and (n >= LAG_FRAMES or log_end - frames[0].offset >= LAG_BYTES):
+            return IndexProblem("index-missing", None, span(0), "no index for a log with frames")
+        return None
     if not header_ok(index):
         return IndexProblem("index-wrong", 0, span(0) if n else None, "bad index header")
     m, partial = divmod(len(body), ENTRY_SIZE)
