@@ -20,31 +20,18 @@ import time
 from typing import Any
 
 from logstore import Store
-from logstore.file.fileio import FileOps
+from logstore.file.fileio import NoSyncOps
 
 from .baselines import frame_bytes
 from .config import PROFILES, Profile, make_items, scratch_dir
 from .report import format_table
 from .stats import Goal, Row, fig
 
-__all__ = ["NoSyncOps", "engine_cpu_us", "raw_cpu_us", "measure_cpu", "BATCHES"]
+__all__ = ["engine_cpu_us", "raw_cpu_us", "measure_cpu", "BATCHES"]
 
 BATCHES = (1, 10)  # items of 200 B per append
 _ITEM = 200
 _WARMUP = 200
-
-
-class NoSyncOps(FileOps):
-    """The real file operations, except that nothing is made durable (a benchmark seam, never a store's)."""
-
-    def fdatasync(self, fd: int) -> None:
-        pass
-
-    def fsync(self, fd: int) -> None:
-        pass
-
-    def fsync_dir(self, path: str) -> None:
-        pass
 
 
 def engine_cpu_us(store: Store, conversation_id: str, items: list[dict[str, Any]], appends: int) -> float:

@@ -41,7 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from logstore.file import manifest_reconcile
-from logstore.file.fileio import FileOps
+from logstore.file.fileio import FileOps, NoSyncOps
 
 __all__ = [
     "FaultFS",
@@ -118,20 +118,6 @@ def simulate_reboot() -> None:
 
 def restore_boot() -> None:
     manifest_reconcile.boot_id = _REAL_BOOT_ID  # type: ignore[assignment]
-
-
-class NoSyncOps(FileOps):
-    """Plain file operations without fsync, for the verifying side of the torture: whether the checker's
-    own writes are durable does not matter, and real fsyncs would be most of the suite's run time."""
-
-    def fdatasync(self, fd: int) -> None:
-        pass
-
-    def fsync(self, fd: int) -> None:
-        pass
-
-    def fsync_dir(self, path: str) -> None:
-        pass
 
 
 NO_SYNC_OPS = NoSyncOps()

@@ -14,7 +14,10 @@ import hmac
 import os
 import secrets
 from collections.abc import Hashable
+from datetime import UTC, datetime
 from typing import Any, Protocol
+
+from .models import rfc3339
 
 __all__ = [
     "SiteRegistry",
@@ -22,6 +25,7 @@ __all__ = [
     "UnknownSite",
     "generate_password",
     "hash_password",
+    "new_entry",
     "verify_password",
 ]
 
@@ -87,6 +91,12 @@ def hash_password(password: str) -> dict[str, Any]:
         "salt": base64.b64encode(salt).decode("ascii"),
         "hash": base64.b64encode(digest).decode("ascii"),
     }
+
+
+def new_entry(password: str) -> dict[str, Any]:
+    """A new site's registry entry, the same in every backend: the password's hash and when it was made
+    (``set_password`` later replaces the hash and keeps ``created_at``)."""
+    return {**hash_password(password), "created_at": rfc3339(datetime.now(UTC))}
 
 
 def verify_password(entry: dict[str, Any], password: str) -> bool:

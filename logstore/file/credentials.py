@@ -15,14 +15,12 @@ import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
 from typing import Any
 
 from filelock import FileLock
 
 from ..core.ids import validate_site
-from ..core.models import rfc3339
-from ..core.registry import SiteExists, UnknownSite, hash_password
+from ..core.registry import SiteExists, UnknownSite, hash_password, new_entry
 from . import layout
 from .fileio import FILE_MODE, OS_FILE_OPS
 
@@ -77,7 +75,7 @@ class CredentialsFile:
 
     def add(self, site: str, password: str) -> None:
         validate_site(site)
-        self.import_entry(site, {**hash_password(password), "created_at": rfc3339(datetime.now(UTC))})
+        self.import_entry(site, new_entry(password))
 
     def import_entry(self, site: str, entry: dict[str, Any]) -> None:
         """``logstore migrate``: add a site with an entry copied from another registry as it is (the

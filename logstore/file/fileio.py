@@ -18,7 +18,7 @@ from __future__ import annotations
 import errno as errno_mod
 import os
 
-__all__ = ["FileOps", "OS_FILE_OPS", "FILE_MODE", "DIR_MODE"]
+__all__ = ["FileOps", "OS_FILE_OPS", "NoSyncOps", "FILE_MODE", "DIR_MODE"]
 
 FILE_MODE = 0o600
 DIR_MODE = 0o700
@@ -197,3 +197,18 @@ class FileOps:
 
 
 OS_FILE_OPS = FileOps()
+
+
+class NoSyncOps(FileOps):
+    """The real file operations, except that nothing is made durable: for the bench's CPU row and the
+    verifying side of the torture suite, where fsyncs would be most of the time and durability does not
+    matter. Never a production store's ops (nothing in logstore/ or server/ passes it)."""
+
+    def fdatasync(self, fd: int) -> None:
+        pass
+
+    def fsync(self, fd: int) -> None:
+        pass
+
+    def fsync_dir(self, path: str) -> None:
+        pass

@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import json
 import threading
-from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
 
 from ..core.ids import validate_site
-from ..core.models import rfc3339
-from ..core.registry import SiteExists, UnknownSite, hash_password
+from ..core.registry import SiteExists, UnknownSite, hash_password, new_entry
 
 __all__ = ["PostgresRegistry"]
 
@@ -104,7 +102,7 @@ class PostgresRegistry:
 
     def add(self, site: str, password: str) -> None:
         validate_site(site)
-        self.import_entry(site, {**hash_password(password), "created_at": rfc3339(datetime.now(UTC))})
+        self.import_entry(site, new_entry(password))
 
     def import_entry(self, site: str, entry: dict[str, Any]) -> None:
         """``logstore migrate``: add a site with an entry copied from another registry as it is (the
