@@ -18,6 +18,8 @@ from __future__ import annotations
 import errno as errno_mod
 import os
 
+from .statx import fstat_ident, stat_ident
+
 __all__ = ["FileOps", "OS_FILE_OPS", "NoSyncOps", "FILE_MODE", "DIR_MODE"]
 
 FILE_MODE = 0o600
@@ -72,15 +74,18 @@ class FileOps:
             offset += len(chunk)
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
+    # Every stat below goes through ``statx`` without timestamps: a stat that asks for mtime/ctime makes
+    # the next write dirty the inode on kernels with multigrain timestamps, and the append's fdatasync
+    # then costs ~50% more (logstore/file/statx.py has the figures).
     def size(self, fd: int) -> int:
-        return os.fstat(fd).st_size
+        return fstat_ident(fd).size
 
     def linked_size(self, fd: int) -> int | None:
         """``size(fd)``, or None once the file has no name left (unlinked, e.g. erased): the same one
         ``fstat``, so a read path can notice an erasure for free. A hard link elsewhere keeps it named;
         ``same_file`` is the exact test (two syscalls)."""
-        st = os.fstat(fd)
-        return st.st_size if st.st_nlink else None
+        st = fstat_ident(fd)
+        return st.size if st.nlink else None
 
     # --- durability --------------------------------------------------------------------------------
     def fdatasync(self, fd: int) -> None:
@@ -121,25 +126,25 @@ class FileOps:
     def size_if_named(self, fd: int, path: str) -> int | None:
         """``size(fd)`` if ``path`` still names the file open as ``fd``, else None (replaced, removed):
         ``size`` and ``same_file`` in two syscalls instead of three (the append path's freshness check)."""
-        a = os.fstat(fd)
+        a = fstat_ident(fd)
         try:
-            b = os.stat(path)
+            b = stat_ident(path)
         except FileNotFoundError:
             return None
-        return a.st_size if (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino) else None
+        return a.size if a.file_id == b.file_id else None
 
     def same_file(self, fd: int, path: str) -> bool:
         """Whether ``path`` still names the file open as ``fd`` (False if it was replaced or removed)."""
         try:
-            a, b = os.fstat(fd), os.stat(path)
+            a, b = fstat_ident(fd), stat_ident(path)
         except FileNotFoundError:
             return False
-        return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+        return a.file_id == b.file_id
 
     def stat_size(self, path: str) -> int | None:
         """Size of the file at ``path``, or None if it does not exist."""
         try:
-            return os.stat(path).st_size
+            return stat_ident(path).size
         except FileNotFoundError:
             return None
 

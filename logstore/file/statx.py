@@ -1,0 +1,123 @@
+"""``stat`` without timestamps: size, inode and link count of a file, asking the kernel for nothing else.
+
+Strategy: Linux 6.13 gave ext4 (and a few other filesystems) *multigrain* timestamps. While nobody looks
+at a file's mtime/ctime, a write stamps them with the coarse clock, so a burst of writes changes them
+about once per tick. Once a ``stat`` has asked for them, the kernel flags the inode and the next write
+takes a fine-grained timestamp, which always differs: that write dirties the inode, and the
+``fdatasync`` after it costs more. Measured here (6.18, ext4 on virtio; 2,000 x 2.3 KB ``pwrite`` +
+``fdatasync`` into a preallocated file, 3 rounds, ``python -m bench.stat_fdatasync``): fdatasync p50
+128-145 us with no stat between writes, 190-226 us with an ``os.fstat`` + ``os.stat`` before each
+write, 132-148 us with the same two calls made by ``statx`` asking only for size, inode and link count.
+
+The append path must look at its log between writes (another process may have appended, trimmed,
+replaced or erased it), so every stat the engine makes goes through here (``FileOps``; a test keeps
+``os.stat`` out of ``logstore/file``). Python 3.11 has no ``os.statx``: libc's is called through
+``ctypes``, 1.03 us per call here against 0.66 us for ``os.fstat`` (1.28 against 0.80 us by path).
+Where libc has no ``statx`` (or the kernel refuses it) the plain ``os`` calls are used: correct, only
+slower to sync on kernels with multigrain timestamps.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import struct
+import sys
+import threading
+from typing import Any, NamedTuple
+
+__all__ = ["Ident", "fstat_ident", "stat_ident", "STATX_AVAILABLE"]
+
+
+class Ident(NamedTuple):
+    """The fields of ``struct statx`` the engine reads, in its order (one unpack builds it)."""
+
+    mask: int  # what the kernel filled in
+    nlink: int
+    ino: int
+    size: int
+    dev_major: int
+    dev_minor: int
+
+    @property
+    def file_id(self) -> tuple[int, int, int]:
+        """Which file this is: equal for two names (or descriptors) of one file, and only then."""
+        return (self.dev_major, self.dev_minor, self.ino)
+
+
+_AT_FDCWD = -100
+_AT_EMPTY_PATH = 0x1000
+_MASK = 0x004 | 0x100 | 0x200  # STATX_NLINK | STATX_INO | STATX_SIZE: no STATX_MTIME/CTIME/ATIME
+# struct statx (include/uapi/linux/stat.h): stx_mask u32 @0, stx_nlink u32 @16, stx_ino u64 @32,
+# stx_size u64 @40, stx_dev_major u32 @136, stx_dev_minor u32 @140; 256 bytes in all.
+_LAYOUT = struct.Struct("<I12xI12xQQ88xII")  # mask, nlink, ino, size, dev major, minor
+_BUFSIZE = 256
+_local = threading.local()  # one result buffer per thread (see below)
+
+
+def _load() -> object | None:
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).statx
+    except (OSError, AttributeError):
+        return None
+    fn.restype = ctypes.c_int  # no argtypes: ctypes' own int/bytes/buffer conversion is the fast path
+    probe = ctypes.create_string_buffer(_BUFSIZE)
+    if fn(_AT_FDCWD, b"/", 0, _MASK, probe) != 0:  # ENOSYS on an old kernel, EPERM under some seccomp
+        return None
+    return fn
+
+
+_statx: Any = _load()
+_make = Ident._make
+_unpack = _LAYOUT.unpack_from
+_FS_ENCODING = sys.getfilesystemencoding()
+STATX_AVAILABLE = _statx is not None
+
+
+def _failed(path: bytes) -> OSError:
+    err = ctypes.get_errno()
+    return OSError(err, os.strerror(err), path.decode(errors="replace") if path else None)
+
+
+def _from_stat(st: os.stat_result) -> Ident:
+    return Ident(_MASK, st.st_nlink, st.st_ino, st.st_size, os.major(st.st_dev), os.minor(st.st_dev))
+
+
+# The two entry points are written out rather than sharing a helper: each layer costs ~0.15 us, and the
+# append path makes two of these calls. The thread's buffer is taken out while in use, so a signal
+# handler that stats a file between the call and the unpack (same thread) gets a buffer of its own
+# instead of overwriting this one.
+
+
+def fstat_ident(fd: int) -> Ident:
+    """Link count, inode, size and device of the open file ``fd``, without marking its times queried."""
+    if _statx is None:
+        return _from_stat(os.fstat(fd))
+    buf = _local.__dict__.pop("buf", None) or ctypes.create_string_buffer(_BUFSIZE)
+    try:
+        if _statx(fd, b"", _AT_EMPTY_PATH, _MASK, buf) != 0:
+            raise _failed(b"")
+        got = _make(_unpack(buf))
+    finally:
+        _local.buf = buf
+    if got.mask & _MASK != _MASK:  # pragma: no cover - every local filesystem fills these three
+        raise OSError(errno.EOPNOTSUPP, "statx did not return size, inode and link count")
+    return got
+
+
+def stat_ident(path: str) -> Ident:
+    """The same for the file ``path`` names (symlinks followed, as ``os.stat``); FileNotFoundError if none."""
+    if _statx is None:
+        return _from_stat(os.stat(path))
+    name = path.encode(_FS_ENCODING, "surrogateescape")  # os.fsencode, minus two calls
+    buf = _local.__dict__.pop("buf", None) or ctypes.create_string_buffer(_BUFSIZE)
+    try:
+        if _statx(_AT_FDCWD, name, 0, _MASK, buf) != 0:
+            raise _failed(name)
+        got = _make(_unpack(buf))
+    finally:
+        _local.buf = buf
+    if got.mask & _MASK != _MASK:  # pragma: no cover - every local filesystem fills these three
+        raise OSError(errno.EOPNOTSUPP, "statx did not return size, inode and link count")
+    return got
