@@ -119,3 +119,11 @@ def test_the_file_engine_never_calls_os_stat_directly() -> None:
                 offenders.append(f"{source.name}:{node.lineno} os.{node.attr}")
     # The one left reads the credential file's mtime (replaced whole, never fdatasynced per append).
     assert offenders == ["credentials.py:48 os.stat"], offenders
+
+
+def test_exists_answers_like_os_path_exists(tmp_path: Path) -> None:
+    ops = FileOps()
+    (tmp_path / "file").write_bytes(b"")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    for name in ("file", "dangling", "nowhere", "file/below", "."):
+        assert ops.exists(str(tmp_path / name)) == os.path.exists(tmp_path / name), name
