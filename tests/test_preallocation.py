@@ -3,6 +3,7 @@ conversation, a clean close and an eviction trim them, v1 logs keep appending v1
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 
@@ -107,10 +108,17 @@ def test_a_large_commit_past_the_chunk_extends_the_file_without_zeros(tmp_path):
     data = str(tmp_path / "data")
     log = conversation_paths(data, SITE, "conv-big-0001").log
     big = [{"k": k, "blob": "y" * (UNPREALLOCATED_WRITE // 4)} for k in range(5)]  # > UNPREALLOCATED_WRITE
+    medium = [{"blob": "m" * (UNPREALLOCATED_WRITE // 2)}]  # under the limit: grows by a zeroed chunk
+    mediums = 0
     with Store(data) as store:
         store.append(SITE, "conv-big-0001", ITEMS)  # a small first commit: a zero-filled first chunk
+        first_chunk_end = os.path.getsize(log)
+        assert first_chunk_end > _end(log)
+        while os.path.getsize(log) == first_chunk_end:  # until one passes it: the second, larger chunk
+            store.append(SITE, "conv-big-0001", medium)
+            mediums += 1
         chunk_end = os.path.getsize(log)
-        assert chunk_end > _end(log)
+        assert chunk_end - _end(log) > len(json.dumps(big))
         store.append(SITE, "conv-big-0001", big)  # fits in the chunk
         assert os.path.getsize(log) == chunk_end
         store.append(SITE, "conv-big-0001", big)  # passes it: extended by the frames alone, no zeros
@@ -119,4 +127,4 @@ def test_a_large_commit_past_the_chunk_extends_the_file_without_zeros(tmp_path):
         assert os.path.getsize(log) > _end(log)
     with Store(data) as store:
         payloads = [i.payload for i in store.replay(SITE, "conv-big-0001", 0, 1000)]
-    assert payloads == [*ITEMS, *big, *big, *ITEMS]
+    assert payloads == [*ITEMS, *medium * mediums, *big, *big, *ITEMS]
