@@ -304,10 +304,15 @@ class FaultFS(FileOps):
             self._begin("size")
         return super().linked_size(fd)
 
-    def size_if_named(self, fd: int, path: str) -> int | None:
+    def size_if_named(self, fd: int, path: str, file_id: tuple[int, int, int] | None = None) -> int | None:
         with self._mutex:
             self._begin("size")
-        return super().size_if_named(fd, path)
+        return super().size_if_named(fd, path, file_id)
+
+    def file_id(self, fd: int) -> tuple[int, int, int]:
+        with self._mutex:
+            self._begin("size")
+        return super().file_id(fd)
 
     # ------------------------------------------------------------------ durability
     def fdatasync(self, fd: int) -> None:

@@ -85,11 +85,17 @@ def test_fileops_stat_family_uses_it(tmp_path: Path, mode: str) -> None:
         ops.pwrite(fd, b"y" * 100, 0)
         assert ops.size(fd) == 100 and ops.linked_size(fd) == 100
         assert ops.size_if_named(fd, path) == 100 and ops.same_file(fd, path)
+        kept = ops.file_id(fd)
+        assert ops.size_if_named(fd, path, kept) == 100
+        assert ops.size_if_named(fd, path, (kept[0], kept[1], kept[2] + 1)) is None  # another file's id
         assert ops.stat_size(path) == 100 and ops.stat_size(path + ".none") is None
         os.rename(path, path + ".old")
         with open(path, "wb") as other:
             other.write(b"z")
         assert ops.size_if_named(fd, path) is None and not ops.same_file(fd, path)
+        assert ops.size_if_named(fd, path, kept) is None  # the path names another file now
+        os.unlink(path)
+        assert ops.size_if_named(fd, path, kept) is None
         os.unlink(path + ".old")
         assert ops.linked_size(fd) is None
     finally:

@@ -164,7 +164,7 @@ class ConversationLog(LogHandle):
             try:
                 # None once erased (logstore.file.erasure) or replaced: never append to a file the path
                 # no longer names.
-                named = self.ops.size_if_named(self._log_fd, self.paths.log)
+                named = self.ops.size_if_named(self._log_fd, self.paths.log, self._log_id)
                 size = named if named is not None else -1
                 probe = probe_tail(self.ops, self._log_fd, state, size) if size >= state.end else None
                 if probe is not None and state.tail_sig is None and probe.signature is not None:

@@ -126,15 +126,22 @@ class FileOps:
     def listdir(self, path: str) -> list[str]:
         return os.listdir(path)
 
-    def size_if_named(self, fd: int, path: str) -> int | None:
+    def file_id(self, fd: int) -> tuple[int, int, int]:
+        """Which file ``fd`` is (device, inode): fixed for the descriptor's life, so callers keep it."""
+        return fstat_ident(fd).file_id
+
+    def size_if_named(self, fd: int, path: str, file_id: tuple[int, int, int] | None = None) -> int | None:
         """``size(fd)`` if ``path`` still names the file open as ``fd``, else None (replaced, removed):
-        ``size`` and ``same_file`` in two syscalls instead of three (the append path's freshness check)."""
-        a = fstat_ident(fd)
+        ``size`` and ``same_file`` in two syscalls instead of three (the append path's freshness check),
+        or in one given ``fd``'s ``file_id``: the path's own stat then says both which file it names and,
+        when that is ``fd``'s, its size (an inode number cannot be reused while ``fd`` holds it open)."""
+        if file_id is None:
+            file_id = fstat_ident(fd).file_id
         try:
-            b = stat_ident(path)
+            named = stat_ident(path)
         except FileNotFoundError:
             return None
-        return a.size if a.file_id == b.file_id else None
+        return named.size if named.file_id == file_id else None
 
     def same_file(self, fd: int, path: str) -> bool:
         """Whether ``path`` still names the file open as ``fd`` (False if it was replaced or removed)."""

@@ -58,6 +58,7 @@ class LogHandle:
         self._unsafe_from: int | None = None
         self._state: LogState = EMPTY_STATE
         self._log_fd: int | None = None
+        self._log_id: tuple[int, int, int] | None = None  # ``FileOps.file_id`` of ``_log_fd``
         self._index = SidecarIndex(ops, paths.index)
         self._loaded = False
         self._chunk = 0  # the last chunk preallocated by this handle (doubles with each growth)
@@ -70,7 +71,7 @@ class LogHandle:
                     self.ops.close(self._log_fd)
                 except OSError:
                     pass
-            self._log_fd = None
+            self._log_fd = self._log_id = None
             self._index.close()
             self._loaded = False
 
@@ -99,6 +100,7 @@ class LogHandle:
             # Index first, log size second: an entry is written only after its frame is fdatasynced,
             # so every entry read here is for a frame the later stat covers. The other order let an
             # append by another process in between look like a missing acknowledged frame (Corrupted).
+            self._log_id = self.ops.file_id(self._log_fd)  # kept: the refresh's one-statx check
             entries = self._index.open_and_read()
             recovered = recover(self.ops, self._log_fd, entries, self.ops.size(self._log_fd))
             if recovered.anchor.wrong:
