@@ -115,6 +115,7 @@ def test_a_large_commit_past_the_chunk_extends_the_file_without_zeros(tmp_path):
         first_chunk_end = os.path.getsize(log)
         assert first_chunk_end > _end(log)
         while os.path.getsize(log) == first_chunk_end:  # until one passes it: the second, larger chunk
+            assert mediums < 4, "a 64 KiB first chunk never filled"
             store.append(SITE, "conv-big-0001", medium)
             mediums += 1
         chunk_end = os.path.getsize(log)
