@@ -69,3 +69,16 @@ def test_bench_only_selects_measures(tmp_path: Path) -> None:
     proc, latest = _run_bench(tmp_path, "--only", "P4", "--markdown")
     assert {row["id"] for row in latest["rows"]} == {"P4"}
     assert proc.stdout.startswith("| id | measure |")
+
+
+def test_stat_fdatasync_experiment_runs(tmp_path: Path) -> None:
+    """``python -m bench.stat_fdatasync`` (the experiment behind ``logstore/file/statx.py``): every mode
+    runs and leaves nothing behind. Figures are not checked."""
+    from bench.stat_fdatasync import MODES, main, measure
+
+    for mode in MODES:
+        rate, p50 = measure(str(tmp_path), mode, writes=3, frame_size=100)
+        assert rate > 0 and p50 > 0
+    assert os.listdir(tmp_path) == []
+    assert main(["--writes", "2", "--rounds", "1", "--dir", str(tmp_path)]) == 0
+    assert os.listdir(tmp_path) == []
