@@ -156,7 +156,11 @@ class ConversationLog(LogHandle):
         if self._closed:
             raise Unavailable("store is closed")
         damage_before = self._state.corrupt if self._loaded else None
-        if not self._loaded or self._log_fd is None:
+        # Under the file lock, damage nobody confirmed (an unlocked scan's whose confirmation failed) is
+        # judged again from the file rather than trusted: appends are refused only for real damage.
+        damage = self._state.corrupt
+        unconfirmed = locked and damage is not None and damage != self._damage_checked
+        if not self._loaded or self._log_fd is None or unconfirmed:
             with self._state_lock:
                 self._load_locked_io()
         else:
@@ -206,6 +210,8 @@ class ConversationLog(LogHandle):
                 self._poison()
                 raise self._io_error("truncate torn tail", exc) from exc
             self._publish(replace(state, torn_at=None, size=state.end))
+        if locked:
+            self._damage_checked = self._state.corrupt
 
     # ------------------------------------------------------------------ appends
     def append(self, request: AppendRequest) -> SeqRange:
@@ -309,11 +315,16 @@ class ConversationLog(LogHandle):
         if limit <= 0:
             return []
         self._ensure_fresh()
+        checked = False
         for _attempt in range(3):
             with self._state_lock:
                 state, generation = self._state, self._generation
             first = max(0, state.next_seq - limit) if start is None else start
             if state.corrupt is not None and (start is None or first + limit > state.next_seq):
+                if not checked and state.corrupt != self._damage_checked:
+                    checked = True  # seen without the lock: believed once confirmed under it
+                    self.check_damage()
+                    continue
                 # The tail is unknown past the damage, and a short page would wrongly say "end of log".
                 raise corrupted(self.paths.log, *state.corrupt)
             stop = min(first + limit, state.next_seq)
@@ -360,6 +371,7 @@ class ConversationLog(LogHandle):
             state = replace(rescanned_state(result, believed_end), created_at=self._state.created_at)
             with self._state_lock:
                 self._state = self._with_created_at(state)
+                self._damage_checked = self._state.corrupt  # scanned under the file lock
                 self._index.valid = 0
                 self._generation += 1
             log.warning(

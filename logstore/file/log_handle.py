@@ -17,7 +17,7 @@ import os
 import threading
 from dataclasses import replace
 
-from ..core.errors import Io
+from ..core.errors import Io, Unavailable
 from .fileio import FileOps
 from .frame import decode_header
 from .group_commit import ReaderGuard
@@ -57,6 +57,11 @@ class LogHandle:
         # Start of a failed write whose cleanup (truncate + fdatasync) failed too; survives reloads.
         self._unsafe_from: int | None = None
         self._state: LogState = EMPTY_STATE
+        # ``corrupt`` as last judged under the file lock (None: none found). Damage that differs (set by a
+        # scan without the lock, which may have read another process's write half done) is not believed
+        # until a reload under the lock confirms it: ``_confirm_damage``, ``check_damage``. The damage, not
+        # the state object: states derived from a judged one (a new size, the tail signature) keep it.
+        self._damage_checked: tuple[int, str] | None = None
         self._log_fd: int | None = None
         self._log_id: tuple[int, int, int] | None = None  # ``FileOps.file_id`` of ``_log_fd``
         self._index = SidecarIndex(ops, paths.index)
@@ -127,8 +132,20 @@ class LogHandle:
         try:
             with self._state_lock:
                 self._load_locked_io()
+                self._damage_checked = self._state.corrupt
         finally:
             self._file_lock.release()
+
+    def check_damage(self) -> None:
+        """Called by a reader about to report the damage in the state it read. That damage may be an
+        unlocked scan's, published a moment before the thread that saw it confirms it under the file
+        lock (another thread then raised ``Corrupted`` on a healthy log: kill -9 torture, CI). Waiting
+        for ``_io_lock`` waits for that confirmation; if none is under way, confirm it here."""
+        with self._io_lock:
+            if self._closed:
+                raise Unavailable("store is closed")
+            if self._state.corrupt is not None and self._state.corrupt != self._damage_checked:
+                self._confirm_damage()
 
     def _poison(self) -> None:
         """After a failed write/fsync: close everything; the next operation reopens with recovery.
