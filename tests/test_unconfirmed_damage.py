@@ -47,6 +47,14 @@ class StaleScanOps(FileOps):
         return data
 
 
+def _recall_into(results: dict[str, object], name: str, store: Store, count: int) -> None:
+    """``recall``'s seqs, or the exception it raised, as ``results[name]`` (run in a thread)."""
+    try:
+        results[name] = [item.seq for item in store.recall(SITE, CID, count)]
+    except Exception as exc:  # noqa: BLE001 - recorded and asserted on by the test
+        results[name] = exc
+
+
 def _wait(predicate, what: str, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -74,18 +82,12 @@ def test_a_reader_never_reports_damage_another_thread_has_not_confirmed(tmp_path
         fcntl.flock(lock_fd, fcntl.LOCK_EX)  # the confirmation will wait here
         results: dict[str, object] = {}
 
-        def read(name: str) -> None:
-            try:
-                results[name] = [item.seq for item in reader.recall(SITE, CID, 10)]
-            except Exception as exc:  # noqa: BLE001 - recorded and asserted on below
-                results[name] = exc
-
-        first = threading.Thread(target=read, args=("first",))
+        first = threading.Thread(target=_recall_into, args=(results, "first", reader, 10))
         first.start()
         try:
             # The first reader saw the torn view and is confirming it, blocked at the file lock.
             _wait(lambda: conv._state.corrupt is not None and conv._io_lock.locked(), "the torn view")
-            second_reader = threading.Thread(target=read, args=("second",))
+            second_reader = threading.Thread(target=_recall_into, args=(results, "second", reader, 10))
             second_reader.start()
             time.sleep(0.2)  # long enough for a read that does not wait to finish (and fail)
             assert "second" not in results or results["second"] == [0, 1, 2], results
@@ -175,18 +177,12 @@ def test_two_commits_between_a_scan_and_its_second_look_are_not_reported_as_dama
         ops.target, ops.hook = p, two_commits_then_hold_the_lock
         out: dict[str, object] = {}
 
-        def recall(name: str) -> None:
-            try:
-                out[name] = [i.seq for i in b.recall(SITE, CID, 3)]
-            except Exception as exc:  # noqa: BLE001 - recorded and asserted on below
-                out[name] = exc
-
-        t1 = threading.Thread(target=recall, args=("t1",))
+        t1 = threading.Thread(target=_recall_into, args=(out, "t1", b, 3))
         t1.start()
         try:
             _wait(lambda: ops.hook is None and b._handles[(SITE, CID)]._io_lock.locked(), "the hook")
             time.sleep(0.05)
-            t2 = threading.Thread(target=recall, args=("t2",))
+            t2 = threading.Thread(target=_recall_into, args=(out, "t2", b, 3))
             t2.start()
             t2.join(0.3)  # a read that does not wait for the confirmation has failed by now
         finally:

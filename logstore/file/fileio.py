@@ -18,7 +18,7 @@ from __future__ import annotations
 import errno as errno_mod
 import os
 
-from .statx import fstat_ident, stat_ident
+from .statx import Ident, fstat_ident, stat_ident
 
 __all__ = ["FileOps", "OS_FILE_OPS", "NoSyncOps", "FILE_MODE", "DIR_MODE"]
 
@@ -135,21 +135,12 @@ class FileOps:
         ``size`` and ``same_file`` in two syscalls instead of three (the append path's freshness check),
         or in one given ``fd``'s ``file_id``: the path's own stat then says both which file it names and,
         when that is ``fd``'s, its size (an inode number cannot be reused while ``fd`` holds it open)."""
-        if file_id is None:
-            file_id = fstat_ident(fd).file_id
-        try:
-            named = stat_ident(path)
-        except FileNotFoundError:
-            return None
-        return named.size if named.file_id == file_id else None
+        named = _named(fd, path, file_id)
+        return None if named is None else named.size
 
     def same_file(self, fd: int, path: str) -> bool:
         """Whether ``path`` still names the file open as ``fd`` (False if it was replaced or removed)."""
-        try:
-            a, b = fstat_ident(fd), stat_ident(path)
-        except FileNotFoundError:
-            return False
-        return a.file_id == b.file_id
+        return _named(fd, path, None) is not None
 
     def stat_size(self, path: str) -> int | None:
         """Size of the file at ``path``, or None if it does not exist."""
@@ -212,6 +203,17 @@ class FileOps:
 
 
 OS_FILE_OPS = FileOps()
+
+
+def _named(fd: int, path: str, file_id: tuple[int, int, int] | None) -> Ident | None:
+    """The stat of ``path`` if it names the file open as ``fd`` (whose ``file_id``, if known), else None."""
+    if file_id is None:
+        file_id = fstat_ident(fd).file_id
+    try:
+        named = stat_ident(path)
+    except FileNotFoundError:
+        return None
+    return named if named.file_id == file_id else None
 
 
 class NoSyncOps(FileOps):
