@@ -155,9 +155,9 @@ class ConversationLog(LogHandle):
         write in flight and is left alone. With it, a torn tail is truncated (never acknowledged)."""
         if self._closed:
             raise Unavailable("store is closed")
-        damage_before = self._state.corrupt if self._loaded else None
-        # Under the file lock, damage nobody confirmed (an unlocked scan's whose confirmation failed) is
-        # judged again from the file rather than trusted: appends are refused only for real damage.
+        # Damage not judged under the file lock (``_damage_checked``: an unlocked scan's, whose confirmation
+        # failed) is judged again from the file rather than trusted: with the lock held, by reloading here
+        # (appends are refused only for real damage); without it, by ``_confirm_damage`` below.
         damage = self._state.corrupt
         unconfirmed = locked and damage is not None and damage != self._damage_checked
         if not self._loaded or self._log_fd is None or unconfirmed:
@@ -199,7 +199,7 @@ class ConversationLog(LogHandle):
             elif size != state.size and size >= state.end:  # another process grew or trimmed the tail
                 self._publish(replace(state, size=size))
         state = self._state
-        if not locked and state.corrupt is not None and state.corrupt != damage_before:
+        if not locked and state.corrupt is not None and state.corrupt != self._damage_checked:
             self._confirm_damage()
             state = self._state
         if locked and state.torn_at is not None and state.corrupt is None:
