@@ -43,7 +43,7 @@ from ..core import observe
 from ..core.errors import Corrupted, Io, Timeout, Unavailable
 from ..core.models import MemoryItem, SeqRange
 from . import boot
-from .commit_point import CommitPoint, encode, read_raw, write_raw
+from .commit_point import CommitPoint, encode, read_raw, write_empty, write_raw
 from .fileio import FileOps
 from .frame import Frame
 from .group_commit import AppendRequest, GroupCommit
@@ -85,8 +85,22 @@ class ConversationLog(LogHandle):
         return self._state.next_seq
 
     def summary(self) -> CommitInfo | None:
-        """Current created/last timestamps (loading the log if needed); None if it holds no items."""
+        """Created/last timestamps for the manifest's reconciliation after a crash; None if the log holds
+        no items. A writer that died may have left durable frames no commit point vouches for yet: if the
+        file lock is free at once, recovery under it takes them in (so the listing and every later read
+        agree); if a live writer holds it, that writer records its own commit."""
         self._ensure_fresh()
+        with self._commit_lock:
+            if self._closed:
+                raise Unavailable("store is closed")
+            try:
+                self._file_lock.acquire(0.0)
+                with self._io_lock:
+                    self._refresh_locked_io()
+            except Timeout:
+                pass
+            finally:
+                self._file_lock.release()
         state = self._state
         if state.created_at is None or state.last_at is None:
             return None
@@ -266,6 +280,8 @@ class ConversationLog(LogHandle):
         if self._on_create is not None:
             self._on_create(self.conversation_id)  # durable manifest record first: manifest ⊇ logs on disk
         try:
+            # A record at 0 first: a reader that finds the new log before its first record needs no lock.
+            write_empty(self.ops, self.paths.lock)
             # The directory entry is made durable by the first frame's commit (``_write_group``), which
             # also covers a log left by an attempt or a process that failed before syncing it.
             fd = self.ops.open(self.paths.log, os.O_RDWR | os.O_CREAT)

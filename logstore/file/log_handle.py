@@ -150,6 +150,11 @@ class LogHandle:
             assert self._log_fd is not None and self._point_fd is not None
             raw = read_raw(self.ops, self._point_fd)
             point = decode(raw)
+            for _again in range(2):  # a read racing the record's pwrite may see it half written
+                if point is not None:
+                    break
+                raw = read_raw(self.ops, self._point_fd)
+                point = decode(raw)
             if point is None or not point.trusted_for(self._ino):
                 return False
             entries = self._index.open_and_read()
@@ -162,7 +167,10 @@ class LogHandle:
             # Damage past ``end`` was judged under the lock by whoever wrote the record: the same verdict.
             size = self.ops.size(self._log_fd)  # with a v2 log's preallocated tail (trimmed on close)
             state = replace(
-                recovered_state(recovered, entries), point=raw, corrupt=point.damage, size=max(size, point.end)
+                recovered_state(recovered, entries),
+                point=raw,
+                corrupt=point.damage,
+                size=max(size, point.end),
             )
             state = self._with_created_at(state)
         except OSError as exc:
