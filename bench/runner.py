@@ -109,7 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--quick", action="store_true", help="about a minute, smaller sizes")
     mode.add_argument("--tiny", action="store_true", help="seconds; for the smoke test (figures meaningless)")
     parser.add_argument(
-        "--only", nargs="+", metavar="ID", help="P1 P1-cpu P2 P3 P4 P4-x P5 P6 P7 P8 P9 P10 P11 P12 sweep S-b250"
+        "--only",
+        nargs="+",
+        metavar="ID",
+        help="P1 P1-cpu P2 P3 P4 P4-x P5 P6 P7 P8 P9 P10 P11 P12 sweep S-b250",
     )
     parser.add_argument("--runs", type=int, help="rounds per measure (default from the profile)")
     parser.add_argument("--conversations", type=int, nargs="+", help="P5 site sizes")

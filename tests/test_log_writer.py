@@ -69,7 +69,17 @@ class _NoSync(FileOps):
 
 
 # The fields a commit sets; every other field of LogState must come through unchanged.
-_SET_BY_COMMIT = {"frames", "end", "next_seq", "created_at", "last_at", "tail_offset", "tail_sig", "size", "point"}
+_SET_BY_COMMIT = {
+    "frames",
+    "end",
+    "next_seq",
+    "created_at",
+    "last_at",
+    "tail_offset",
+    "tail_sig",
+    "size",
+    "point",
+}
 
 
 def test_write_group_carries_every_field_it_does_not_set():
