@@ -327,6 +327,16 @@ class ConversationLog(LogHandle):
         self._index.write(new.entries, new.frames, new.end)
         for req, first in encoded.accepted:
             req.result, req.done = SeqRange(first, first + req.count - 1), True
+        # The batches are durable and acknowledged: a failure from here on is reported, never theirs, and
+        # one of these never keeps the other from running (the manifest's listing must not stay behind).
+        try:
+            if self._on_commit is not None:
+                assert new.created_at is not None and new.last_at is not None
+                self._on_commit(
+                    CommitInfo(self.conversation_id, new.created_at, new.last_at, new.end, new.next_seq)
+                )
+        except Exception:
+            log.exception("manifest record after a durable commit to %s", self.paths.log)
         try:
             observer = observe.current()
             if observer is not None:
@@ -334,13 +344,8 @@ class ConversationLog(LogHandle):
                 observer.commit(
                     requests=len(encoded.accepted), nbytes=nbytes, fsync_seconds=done.fsync_seconds
                 )
-            if self._on_commit is not None:
-                assert new.created_at is not None and new.last_at is not None
-                self._on_commit(
-                    CommitInfo(self.conversation_id, new.created_at, new.last_at, new.end, new.next_seq)
-                )
-        except Exception:  # the batches are durable and acknowledged: report, never fail them
-            log.exception("after a durable commit to %s", self.paths.log)
+        except Exception:
+            log.exception("observer after a durable commit to %s", self.paths.log)
 
     # ------------------------------------------------------------------ reads
     def read(self, start: int | None, limit: int) -> list[MemoryItem]:

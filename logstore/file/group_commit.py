@@ -67,27 +67,27 @@ class GroupCommit:
         group: list[AppendRequest] = []
         interrupt: BaseException | None = None
         try:
-            with self._queue_lock:
-                self._pending.append(request)
-                if self._leader_active:
-                    request.wake = threading.Lock()
-                    request.wake.acquire()
-                else:
-                    self._leader_active = leading = True
-            if not leading:
-                assert request.wake is not None
-                try:
+            try:
+                with self._queue_lock:
+                    self._pending.append(request)
+                    if self._leader_active:
+                        request.wake = threading.Lock()
+                        request.wake.acquire()
+                    else:
+                        self._leader_active = leading = True
+                if not leading:
+                    assert request.wake is not None
                     request.wake.acquire()  # released once: done, or promoted to leader
                     if request.done:
                         return _outcome(request)
                     leading = True  # promoted
-                except BaseException:  # an interrupt while parked: leave the queue without stranding it
-                    if not leading:
-                        self._abandon(request)
-                    raise
-            with self._queue_lock:
-                group, self._pending = self._pending, []
+            except BaseException:  # an interrupt while queueing or parked: leave without stranding it
+                if not leading:
+                    self._abandon(request)
+                raise
             try:
+                with self._queue_lock:  # an interrupt as this ends: the group gets it as its outcome
+                    group, self._pending = self._pending, []
                 self._commit(group)
             except BaseException as exc:  # never strand a follower
                 undone = [req for req in group if not req.done]
@@ -108,6 +108,8 @@ class GroupCommit:
         """Wake the group's followers (their outcome is set) and promote the next queued request, or
         step down. The decision is made under the queue lock before any wake-up."""
         with self._queue_lock:
+            if leader is not None and leader in self._pending:  # interrupted before it took the queue
+                self._pending.remove(leader)
             nxt = self._pending[0] if self._pending else None  # stays queued: it takes the whole queue
             if nxt is None:
                 self._leader_active = False

@@ -106,7 +106,7 @@ class LogHandle:
     @property
     def _ino(self) -> int:
         assert self._log_id is not None
-        return self._log_id[1]
+        return self._log_id[2]  # ``file_id`` is (device major, device minor, inode)
 
     def _read_point(self) -> bytes | None:
         """The commit point record, lock-free (the fast path of every read); None without a log open."""
@@ -160,7 +160,9 @@ class LogHandle:
             entries = self._index.open_and_read()
             recovered = recover(self.ops, self._log_fd, entries, point.end)
             verdict = recovered.verdict
-            if verdict.state is not ScanState.CLEAN or verdict.end != point.end:
+            # With damage, index entries past ``end`` make the bounded scan's verdict "missing-frames"
+            # at ``end``: the same good prefix, which is all that has to agree.
+            if verdict.end != point.end or (verdict.state is not ScanState.CLEAN and point.damage is None):
                 return False
             if recovered.scan.next_seq != point.next_seq or read_raw(self.ops, self._point_fd) != raw:
                 return False  # the record moved while we read: start over
@@ -208,7 +210,7 @@ class LogHandle:
                     log.warning("index %s disagrees with the log; rebuilding", self.paths.index)
                 self._index.valid = recovered.anchor.kept
                 state = recovered_state(recovered, entries)
-                if damage is not None and recovered.verdict.state is ScanState.CLEAN:
+                if damage is not None and recovered.verdict.end == bound:  # the good prefix it vouched for
                     state = replace(state, corrupt=damage)
                 elif damage is not None:  # not what the record says: judge the whole log again
                     entries = self._index.open_and_read()
