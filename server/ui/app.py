@@ -68,6 +68,7 @@ SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
 _STATIC = {
     "ui.js": "text/javascript; charset=utf-8",
     "ui.css": "text/css; charset=utf-8",
+    "favicon.svg": "image/svg+xml",
 }
 T = TypeVar("T")
 
@@ -164,11 +165,14 @@ class Pages:
     def html(self, template: str, status: int = 200, **context: Any) -> _Page:
         return _Page(self.env.get_template(template).render(**context).encode("utf-8"), status)
 
-    async def run(self, request: Request, work: Callable[..., _Page], *args: Any) -> Response:
-        """``work(site, *args)`` in a worker thread; a store error or a bad parameter becomes its page."""
+    async def run(
+        self, request: Request, work: Callable[..., _Page], args: Callable[[], tuple[Any, ...]] = tuple
+    ) -> Response:
+        """``work(site, *args())`` in a worker thread; a store error or a bad parameter (``args`` raising
+        ValueError) becomes its page."""
         site = site_of_scope(request.scope)
         try:
-            page = await anyio.to_thread.run_sync(self._guarded, work, site, *args, limiter=self.limiter)
+            page = await anyio.to_thread.run_sync(self._guarded, work, site, *args(), limiter=self.limiter)
             assert isinstance(page, _Page)
         except ValueError as exc:
             page = self.html("error.html", 400, site=site, code="InvalidArgument", message=str(exc))
@@ -186,8 +190,11 @@ class Pages:
 
     # ------------------------------------------------------------------ pages
     async def conversations(self, request: Request) -> Response:
-        n = _int_param(request, "n", LIST_PAGE, 1, MAX_READ_COUNT)
-        return await self.run(request, self._conversations, request.query_params.get("cursor") or None, n)
+        def args() -> tuple[Any, ...]:
+            n = _int_param(request, "n", LIST_PAGE, 1, MAX_READ_COUNT)
+            return request.query_params.get("cursor") or None, n
+
+        return await self.run(request, self._conversations, args)
 
     def _conversations(self, site: str, cursor: str | None, n: int) -> _Page:
         page = self.store.list_conversations(site, cursor=cursor, limit=n)
@@ -199,14 +206,16 @@ class Pages:
                          first=cursor is None, n=n)  # fmt: skip
 
     async def conversation(self, request: Request) -> Response:
-        q = request.query_params
-        n = _int_param(request, "n", PAGE_ITEMS, 1, MAX_PAGE_ITEMS)
-        start = _int_param(request, "from", 0, 0, 2**31)
-        seq = _int_param(request, "seq", None, 0, 2**31)
-        follow = q.get("follow") == "1"
-        last = q.get("page") == "last" or follow
-        cid = request.path_params["cid"]
-        return await self.run(request, self._conversation, cid, n, start, seq, last, follow)
+        def args() -> tuple[Any, ...]:
+            q = request.query_params
+            n = _int_param(request, "n", PAGE_ITEMS, 1, MAX_PAGE_ITEMS)
+            start = _int_param(request, "from", 0, 0, 2**31)
+            seq = _int_param(request, "seq", None, 0, 2**31)
+            follow = q.get("follow") == "1"
+            last = q.get("page") == "last" or follow
+            return request.path_params["cid"], n, start, seq, last, follow
+
+        return await self.run(request, self._conversation, args)
 
     def _conversation(
         self, site: str, cid: str, n: int, start: int, seq: int | None, last: bool, follow: bool
@@ -237,8 +246,10 @@ class Pages:
         )
 
     async def after(self, request: Request) -> Response:
-        start = _int_param(request, "from", 0, 0, 2**31)
-        return await self.run(request, self._after, request.path_params["cid"], start)
+        def args() -> tuple[Any, ...]:
+            return request.path_params["cid"], _int_param(request, "from", 0, 0, 2**31)
+
+        return await self.run(request, self._after, args)
 
     def _after(self, site: str, cid: str, start: int) -> _Page:
         items = self.store.replay(site, cid, offset=start, limit=FOLLOW_BATCH)
