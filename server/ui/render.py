@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
-from markupsafe import Markup, escape
+from markupsafe import Markup
 
 from logstore.core.models import MemoryItem, rfc3339
 
@@ -33,49 +33,65 @@ def _visible(match: re.Match[str]) -> str:
 
 
 def _string(value: str) -> str:
-    """A JSON string literal as safe HTML."""
-    text = str(escape(_encode(value).decode("utf-8")))
-    return _INVISIBLE.sub(_visible, text)
+    """A JSON string literal as safe HTML (text content only: it never lands in an attribute)."""
+    text = _encode(value).decode("utf-8")
+    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&#34;")
+    # str.isascii() is O(1) (CPython keeps the widest character): only non-ASCII text needs the scan.
+    return text if text.isascii() else _INVISIBLE.sub(_visible, text)
 
 
-def _render(value: Any, depth: int, out: list[str]) -> None:
+_COMMA = '<span class="p">,</span>'
+
+
+def _render(value: Any, depth: int, out: list[str], comma: str = "") -> None:
+    """Append ``value``'s HTML to ``out``; ``comma`` follows it (inside a container's fold, so that a
+    folded container still shows it)."""
     if isinstance(value, str):
-        out.append(f'<span class="s">{_string(value)}</span>')
+        out.append(f'<span class="s">{_string(value)}</span>{comma}')
     elif isinstance(value, bool) or value is None:
-        out.append(f'<span class="l">{"null" if value is None else ("true" if value else "false")}</span>')
+        out.append(
+            f'<span class="l">{"null" if value is None else ("true" if value else "false")}</span>{comma}'
+        )
     elif isinstance(value, int | float):
-        out.append(f'<span class="m">{_encode(value).decode("ascii")}</span>')
+        out.append(f'<span class="m">{_encode(value).decode("ascii")}</span>{comma}')
     elif isinstance(value, dict):
-        _container(value, depth, out, "{", "}", "key" if len(value) == 1 else "keys")
+        _container(value, depth, out, "{", "}", "key" if len(value) == 1 else "keys", comma)
     elif isinstance(value, list):
-        _container(value, depth, out, "[", "]", "item" if len(value) == 1 else "items")
+        _container(value, depth, out, "[", "]", "item" if len(value) == 1 else "items", comma)
     else:  # a backend returned a type JSON does not have: show it, never trust it
-        out.append(f'<span class="s">{_string(repr(value))}</span>')
+        out.append(f'<span class="s">{_string(repr(value))}</span>{comma}')
 
 
 def _container(
-    value: dict[str, Any] | list[Any], depth: int, out: list[str], left: str, right: str, noun: str
+    value: dict[str, Any] | list[Any],
+    depth: int,
+    out: list[str],
+    left: str,
+    right: str,
+    noun: str,
+    comma: str,
 ) -> None:
     if not value:
-        out.append(f'<span class="p">{left}{right}</span>')
+        out.append(f'<span class="p">{left}{right}</span>{comma}')
         return
     is_open = " open" if depth < OPEN_DEPTH else ""
+    closing = right + ("," if comma else "")
     out.append(
-        f'<details class="j"{is_open}><summary data-c="{right}"><span class="p">{left}</span>'
+        f'<details class="j"{is_open}><summary data-c="{closing}"><span class="p">{left}</span>'
         f'<span class="n">{len(value)} {noun}</span></summary><div class="b">'
     )
     last = len(value) - 1
     if isinstance(value, dict):
         for k, (key, child) in enumerate(value.items()):
             out.append(f'<div class="r"><span class="k">{_string(key)}</span><span class="p">: </span>')
-            _render(child, depth + 1, out)
-            out.append('<span class="p">,</span></div>' if k < last else "</div>")
+            _render(child, depth + 1, out, _COMMA if k < last else "")
+            out.append("</div>")
     else:
         for k, child in enumerate(value):
             out.append('<div class="r">')
-            _render(child, depth + 1, out)
-            out.append('<span class="p">,</span></div>' if k < last else "</div>")
-    out.append(f'</div><span class="p">{right}</span></details>')
+            _render(child, depth + 1, out, _COMMA if k < last else "")
+            out.append("</div>")
+    out.append(f'</div><span class="p">{right}</span>{comma}</details>')
 
 
 def payload_html(payload: Any) -> Markup:
