@@ -299,23 +299,28 @@ def _strings(value: Any) -> Iterator[str]:
 
 
 def test_screenshots_for_the_docs(site, page_as):
-    """docs/ui/*.png, which docs/UI.md shows: written by every file-engine run, so they stay current."""
+    """docs/ui/*.png, which docs/UI.md shows: redrawn by every file-engine run from the demo site (fixed
+    contents and times, the page clock fixed), so they stay current and change only when the pages do."""
     server, _, backend = site
     if backend != "file":
         pytest.skip("the screenshots are taken on the file engine")
-    from tests.ui_support import screenshot_dir
+    from tests.ui_support import DEMO, DEMO_CHAT, DEMO_LONG, DEMO_NOW, screenshot_dir
 
     out = screenshot_dir()
     out.mkdir(exist_ok=True)
-    page = page_as(SITE_A)
-    page.set_viewport_size({"width": 1100, "height": 760})
-    page.goto(f"{server.base}/ui/?n=12")
+    page = page_as(DEMO)
+    page.clock.set_fixed_time(DEMO_NOW)
+    page.set_viewport_size({"width": 1000, "height": 420})
+    page.goto(f"{server.base}/ui/")
     page.screenshot(path=str(out / "conversations.png"))
-    page.goto(f"{server.base}/ui/c/{HOSTILE_ID}")
+    page.set_viewport_size({"width": 1000, "height": 900})
+    page.goto(f"{server.base}/ui/c/{DEMO_CHAT}")
     page.screenshot(path=str(out / "conversation.png"), full_page=True)
-    page.goto(f"{server.base}/ui/c/{BIG}?seq=1234&n=5")
-    page.wait_for_selector("#seq-1234.target")
+    page.set_viewport_size({"width": 1000, "height": 520})
+    page.goto(f"{server.base}/ui/c/{DEMO_LONG}?seq=123&n=5")
+    page.wait_for_selector("#seq-123.target")
     page.screenshot(path=str(out / "conversation-goto.png"))
+    page.set_viewport_size({"width": 1000, "height": 300})
     page.goto(f"{server.base}/ui/status")
     page.screenshot(path=str(out / "status.png"))
     assert page.problems == []

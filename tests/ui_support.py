@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 __all__ = [
@@ -28,6 +29,8 @@ __all__ = [
     "TRICKY",
     "SITE_A",
     "SITE_B",
+    "DEMO",
+    "build_demo",
 ]
 
 CHROMIUM_PATHS = ("/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome")
@@ -125,6 +128,7 @@ def build_sites(store: Any, registry: Any, url: str) -> UiSite:
     for payload in TRICKY:
         store.append(site_a, TRICKY_ID, [payload, payload])
     store.append(site_b, SECRET_ID, [{"secret": SECRET_MARK}])
+    build_demo(store, registry)
     site = UiSite(url)
     for name, ids in ((site_a, site.a_ids), (site_b, site.b_ids)):
         cursor = None
@@ -135,6 +139,62 @@ def build_sites(store: Any, registry: Any, url: str) -> UiSite:
             if cursor is None:
                 break
     return site
+
+
+# The screenshots' site: fixed contents and times (imported batches), shown with the page clock fixed at
+# DEMO_NOW, so that a run redraws docs/ui/*.png identical unless the pages changed.
+DEMO = ("demo", "demo-password")
+DEMO_CHAT, DEMO_LONG = "support-chat-0042", "research-agent-7f3a"
+DEMO_START = 1_764_580_000_000_000  # 2025-12-01T09:06:40Z, microseconds
+DEMO_NOW = "2025-12-03T12:00:00Z"
+_MINUTE = 60_000_000
+
+
+def _demo_chat() -> list[list[dict[str, Any]]]:
+    return [
+        [{"role": "user", "text": "My order #1182 arrived damaged. Can I get a replacement?"}],
+        [
+            {
+                "role": "assistant",
+                "text": "Let me look up the order.",
+                "tool_call": {"name": "orders.get", "arguments": {"order_id": 1182}},
+            },
+            {
+                "role": "tool",
+                "name": "orders.get",
+                "result": {"status": "delivered", "items": [{"sku": "LMP-40", "qty": 1, "price": 39.9}]},
+            },
+        ],
+        [{"role": "assistant", "text": "A replacement lamp ships today; no need to return the old one."}],
+        [{"role": "user", "text": "<script>alert('hi')</script> thanks!\u202e", "attachments": []}],
+        [{"role": "memory", "summary": {"customer": "c-77", "resolved": True, "tags": ["damage", "lamp"]}}],
+    ]
+
+
+def build_demo(store: Any, registry: Any) -> None:
+    from logstore.core.imported import ImportedBatch
+
+    registry.add(*DEMO)
+    encode = msgspec.json.encode
+
+    def put(conversation: str, batches: list[list[dict[str, Any]]], start: int, step: int) -> None:
+        seq = 0
+        for k, batch in enumerate(batches):
+            items = tuple(encode(item) for item in batch)
+            store.import_batch(DEMO[0], conversation, ImportedBatch(seq, start + k * step, items))
+            seq += len(items)
+
+    others = ["nightly-summary-aa1", "onboarding-flow-03", "code-review-bot-17", "planner-2025-12-01"]
+    for i, name in enumerate(others):
+        put(
+            name,
+            [[{"role": "user", "text": f"{name} item"}]] * (i + 1),
+            DEMO_START + i * 90 * _MINUTE,
+            _MINUTE,
+        )
+    long = [[{"step": 10 * b + k, "note": f"finding {10 * b + k}"} for k in range(10)] for b in range(30)]
+    put(DEMO_LONG, long, DEMO_START + 400 * _MINUTE, _MINUTE // 6)
+    put(DEMO_CHAT, _demo_chat(), DEMO_START + 2900 * _MINUTE, _MINUTE // 2)
 
 
 def screenshot_dir() -> Path:

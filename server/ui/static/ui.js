@@ -71,7 +71,7 @@
     var box = document.getElementById("items");
     if (box && box.getAttribute("data-target")) {
       var target = document.getElementById(box.getAttribute("data-target"));
-      if (target) { target.classList.add("target"); target.scrollIntoView(); }
+      if (target) { target.classList.add("target"); target.scrollIntoView({ block: "center" }); }
     }
     if (box && box.getAttribute("data-follow")) follow(box);
   });
