@@ -172,10 +172,12 @@ class Pages:
         ValueError) becomes its page."""
         site = site_of_scope(request.scope)
         try:
-            page = await anyio.to_thread.run_sync(self._guarded, work, site, *args(), limiter=self.limiter)
-            assert isinstance(page, _Page)
+            parsed = args()
         except ValueError as exc:
             page = self.html("error.html", 400, site=site, code="InvalidArgument", message=str(exc))
+        else:
+            page = await anyio.to_thread.run_sync(self._guarded, work, site, *parsed, limiter=self.limiter)
+            assert isinstance(page, _Page)
         return Response(page.body, status_code=page.status, media_type=page.media_type)
 
     def _guarded(self, work: Callable[..., T], site: str, *args: Any) -> T | _Page:
