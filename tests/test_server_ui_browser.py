@@ -44,8 +44,11 @@ def browser() -> Iterator[Any]:
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
-def site(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple]:
-    """(the running server, what it holds): one server per backend for the whole module."""
+def site(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, browser: Any
+) -> Iterator[tuple]:
+    """(the running server, what it holds): one server per backend for the whole module (after the
+    browser: without one, the tests skip before building anything)."""
     work = tmp_path_factory.mktemp(f"ui-{request.param}")
     if request.param == "file":
         url = file_url(str(work / "data"))
