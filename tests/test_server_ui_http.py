@@ -6,14 +6,17 @@ from __future__ import annotations
 import base64
 import http.client
 import json
+import re
 
 import pytest
 
+from logstore import Store
 from logstore.core.factory import file_url, open_registry
 from server.ui.app import SECURITY_HEADERS
 from tests.server_support import serve
 
 SITE, PASSWORD = "ui-site", "ui-password"
+CONVERSATION = "ui-conversation-1"
 
 
 def _request(port: int, method: str, path: str, *, password: str | None = PASSWORD, host: str | None = None):
@@ -33,6 +36,8 @@ def _request(port: int, method: str, path: str, *, password: str | None = PASSWO
 def server(tmp_path_factory):
     data = tmp_path_factory.mktemp("ui-http") / "data"
     open_registry(file_url(str(data))).add(SITE, PASSWORD)
+    with Store(data) as store:
+        store.append(SITE, CONVERSATION, [{"a": "<script>x</script>", "b": [1, {"c": None}]}, {"d": 1}])
     with serve(data) as running:
         yield running
 
@@ -100,3 +105,24 @@ def test_failed_sign_ins_are_throttled_with_mcp(tmp_path):
         status, _, body = _request(running.port, "POST", "/mcp", password="wrong-again")
         assert status == 429, body
         assert json.loads(body)["error"]["code"] == "TooManyRequests"
+
+
+_INLINE = re.compile(
+    r"<script(?![^>]*\ssrc=)|\sstyle=|\son[a-z]+=|javascript:|(?:src|href|action)=\"(?:https?:)?//", re.I
+)
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/ui/", "/ui/status", f"/ui/c/{CONVERSATION}", f"/ui/c/{CONVERSATION}?follow=1", "/ui/c/missing-one"],
+)
+def test_pages_hold_no_inline_script_style_or_external_resource(server, path):
+    """What the CSP would block anyway is never written: no inline script, style attribute, event
+    handler, javascript: URL, or resource from another origin."""
+    status, headers, body = _request(server.port, "GET", path)
+    assert status in (200, 404)
+    assert headers["content-type"].startswith("text/html")
+    html = body.decode()
+    assert html.startswith("<!doctype html>")
+    assert _INLINE.findall(html) == []
+    assert _request(server.port, "HEAD", path)[0] == status
