@@ -22,6 +22,7 @@ from .appends import measure_appends, measure_sweep
 from .config import PROFILES, Profile, scratch_dir
 from .cpu_append import measure_cpu
 from .crash import measure_crash
+from .cross_reads import measure_cross_reads
 from .fsck import measure_fsck
 from .listing import measure_listing
 from .mcp_calls import measure_mcp
@@ -43,6 +44,7 @@ SECTIONS: dict[str, tuple[tuple[str, ...], Section]] = {
     "cpu": (("P1-cpu",), lambda p, d, a: measure_cpu(p, d)),
     "sweep": (("sweep", "S", "S-b250"), lambda p, d, a: measure_sweep(p, d)),
     "reads": (("P4",), lambda p, d, a: measure_reads(p, d)),
+    "cross-reads": (("P4-x",), lambda p, d, a: measure_cross_reads(p, d)),
     "crash": (("P7",), lambda p, d, a: measure_crash(p, d)),
     "fsck": (("P8",), lambda p, d, a: measure_fsck(p, d)),
     "mcp": (("P6", "P6-sdk", "P6-cpu", "P6-w2"), lambda p, d, a: measure_mcp(p, d)),
@@ -62,6 +64,7 @@ _ORDER = (
     "P2-1proc",
     "P3",
     "P4",
+    "P4-x",
     "P5",
     "P6",
     "P6-sdk",
@@ -112,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         "--only",
         nargs="+",
         metavar="ID",
-        help="P1 P1-cpu P2 P3 P4 P5 P6 P7 P8 P9 P10 P11 P12 P13 sweep S-b250",
+        help="P1 P1-cpu P2 P3 P4 P4-x P5 P6 P7 P8 P9 P10 P11 P12 P13 sweep S-b250",
     )
     parser.add_argument("--runs", type=int, help="rounds per measure (default from the profile)")
     parser.add_argument("--conversations", type=int, nargs="+", help="P5 site sizes")

@@ -285,9 +285,13 @@ class SiteManifest:
         """Note a durable append (called under the conversation lock, after the log's fdatasync)."""
         entry = Entry(info.created_at, info.last_appended_at, info.log_size, info.next_seq)
         with self._lock:
-            self.ensure_loaded()
-            self._table.apply(info.conversation_id, entry)
-            self._append_logged(info.conversation_id, entry)
+            try:
+                self.ensure_loaded()
+                self._table.apply(info.conversation_id, entry)
+                self._append_logged(info.conversation_id, entry)
+            except BaseException:  # not only Io (logged by _append_logged): an interrupt, a bug
+                self._unwritten[info.conversation_id] = entry  # no clean close mark: the next load reconciles
+                raise
 
     def record_erased(self, cid: str) -> None:
         """Durably note that ``cid``'s log was removed (erasure). The caller holds the conversation lock and
