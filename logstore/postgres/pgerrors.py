@@ -16,8 +16,10 @@ next use. When that failure proves the statement did not run -- 57P01-57P03, whi
 of running anything -- or the call only reads, the call is retried once on a fresh connection.
 
 A batch whose connection was lost without an error for its statement has an *unknown* outcome: it may have
-committed just before the connection went. It is reported as ``Unavailable`` (retryable) with that said in
-the message, never as success; a client's retry may then store the batch twice.
+committed just before the connection went. It is reported as ``Unavailable(outcome="unknown")``
+(retryable) with that said in the message, never as success; a client's retry may then store the batch
+twice. So is an append whose call passed its client-side deadline (``call_timeout``, watchdog.py) after its
+request was sent; before that (waiting for a connection), nothing was sent and the outcome is known.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from ..core.errors import Io, LogstoreError, Timeout, Unavailable
 
 __all__ = [
     "SERIALIZATION_RETRIES",
+    "deadline_passed",
     "is_serialization_failure",
     "is_stale_connection",
     "retry_delay",
@@ -83,8 +86,22 @@ def translate(exc: psycopg.Error, *, writing: bool) -> LogstoreError | None:
     if state is not None and (state == "53100" or state.startswith("58")):
         return Io(f"database I/O error ({state}): {summary}")
     if (state is None and isinstance(exc, psycopg.OperationalError)) or (state or "").startswith("08"):
-        return Unavailable(f"database connection lost: {summary}" + (_UNKNOWN_OUTCOME if writing else ""))
+        return _lost(f"database connection lost: {summary}", writing=writing)
     return None
+
+
+def deadline_passed(call_timeout: float, *, writing: bool, sent: bool) -> Unavailable:
+    """The call ran out of its ``call_timeout``; ``sent``: a statement was on the wire when it did."""
+    message = f"no reply from the database within the call's {call_timeout:g} s (call_timeout)"
+    if not sent:
+        return Unavailable(message + "; nothing was sent")
+    return _lost(message + "; the connection was closed", writing=writing)
+
+
+def _lost(message: str, *, writing: bool) -> Unavailable:
+    if not writing:
+        return Unavailable(message)
+    return Unavailable(message + _UNKNOWN_OUTCOME, outcome="unknown")
 
 
 def _summary(exc: psycopg.Error) -> str:

@@ -1,0 +1,96 @@
+"""The client-side deadline of a call: a watchdog thread that shuts down the socket of a connection still
+in use past its deadline.
+
+PostgreSQL's ``statement_timeout`` is enforced by the database, which never hears of a statement lost in a
+silent network; TCP keepalives and ``tcp_user_timeout`` take tens of seconds and do nothing against a peer
+whose kernel still acknowledges. A blocked psycopg call wakes only when its socket does, so the watchdog
+``shutdown()``s the socket: the call's wait returns at once with a lost connection (libpq marks it broken,
+so the pool replaces it), and the caller learns from ``Armed.fired`` that its deadline, not the peer, ended
+it. A cancel request would not do: it needs a new connection over the same silent network.
+
+The watchdog works on its own duplicate of the connection's descriptor, taken when the call is armed and
+closed when it is disarmed, so it can never touch a descriptor number that libpq closed and the process
+reused meanwhile. One thread per store; it sleeps until the earliest deadline, and arming a call whose
+deadline is not earlier than that (the usual case: every call gets the same budget) does not wake it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass
+
+__all__ = ["Armed", "Watchdog"]
+
+_IDLE_TICK = 1.0  # seconds
+
+
+@dataclass(eq=False)
+class Armed:
+    deadline: float
+    sock: socket.socket | None
+    fired: bool = False
+
+
+class Watchdog:
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._cond = threading.Condition(threading.Lock())
+        self._armed: set[Armed] = set()
+        self._wake_at = 0.0
+        self._stopped = False
+        self._thread: threading.Thread | None = None
+
+    def arm(self, fileno: int, deadline: float) -> Armed:
+        """Watch the socket ``fileno`` until ``disarm``; shut it down if ``deadline`` (monotonic) passes.
+        A descriptor that is already gone (-1, or closed) gives an entry that only reports the deadline."""
+        try:
+            sock: socket.socket | None = socket.socket(fileno=os.dup(fileno)) if fileno >= 0 else None
+        except OSError:
+            sock = None
+        entry = Armed(deadline, sock)
+        with self._cond:
+            if self._stopped:
+                raise RuntimeError("watchdog stopped")
+            self._armed.add(entry)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread.start()
+            elif deadline < self._wake_at:
+                self._cond.notify()
+        return entry
+
+    def disarm(self, entry: Armed) -> bool:
+        """Stop watching; True if the deadline had passed and the socket was shut down."""
+        with self._cond:
+            self._armed.discard(entry)
+            sock, entry.sock = entry.sock, None
+        if sock is not None:
+            sock.close()  # our duplicate only: the connection's own descriptor stays libpq's
+        return entry.fired
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+    def _run(self) -> None:
+        with self._cond:
+            while not self._stopped:
+                now = time.monotonic()
+                for entry in [e for e in self._armed if e.deadline <= now]:
+                    self._armed.discard(entry)
+                    entry.fired = True
+                    if entry.sock is not None:
+                        try:
+                            entry.sock.shutdown(socket.SHUT_RDWR)
+                        except OSError:  # already disconnected
+                            pass
+                # Idle: look again after a tick, so that arming the next call need not wake this thread.
+                self._wake_at = min((e.deadline for e in self._armed), default=now + _IDLE_TICK)
+                self._cond.wait(self._wake_at - now)
