@@ -1,0 +1,347 @@
+"""The PostgreSQL backend on a bad network (issue 26): a fault-injecting proxy (tests/faultproxy.py) between
+the store and the test PostgreSQL.
+
+- a cut after an append's request reached the database: ``Unavailable`` with ``outcome="unknown"``, in
+  Python and over MCP (the batch is in fact stored);
+- connections reset while idle: the next calls succeed (found dead before use, the outcome stays known);
+- a black-hole longer than ``call_timeout``: the call returns within it, and the pool recovers;
+- the nemesis suite: writers under resets, black-holes, latency and cuts, with an oracle checked directly
+  in the database: 0 acknowledged batches lost, 0 partial, a failure without ``outcome`` never stored, and
+  the longest call within the bound. ``LOGSTORE_LONG=1`` runs it for minutes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+
+import anyio
+import psycopg
+import pytest
+
+from logstore.core.errors import Timeout, Unavailable
+from logstore.postgres import PostgresStore
+from logstore.postgres.registry import PostgresRegistry
+from logstore.postgres.settings import libpq_conninfo
+from server.tool_errors import error_body
+from tests.faultproxy import Fault, proxied_url, running_proxy
+from tests.postgres_support import fresh_url
+from tests.server_support import call, connect, error_of, serve
+
+LONG = os.environ.get("LOGSTORE_LONG") == "1"
+SITE = "netsite"
+CALL_TIMEOUT = 2.0  # seconds: the bound under test (the default is 35 s; see docs/SCALING.md)
+# How late past call_timeout a call may return on a loaded machine: the watchdog's wake-up and the
+# unwinding of the failed call. Generous; the black-holes below last longer than call_timeout plus this.
+LATENESS = 1.5
+
+
+def _store_url(proxy_port: int, url: str, **params: float) -> str:
+    settings = {"call_timeout": CALL_TIMEOUT, "pool_timeout": 1.0, "connect_timeout": 2, **params}
+    return proxied_url(url, proxy_port) + "".join(f"&{k}={v}" for k, v in settings.items())
+
+
+def test_unknown_outcome_in_the_error_body():
+    body = error_body(Unavailable("connection lost", outcome="unknown"))["error"]
+    assert body["code"] == "Unavailable" and body["retryable"] is True and body["outcome"] == "unknown"
+    assert "outcome is unknown" in body["message"] and "safe to retry" not in body["message"]
+    plain = error_body(Unavailable("pool timeout"))["error"]
+    assert "outcome" not in plain and "safe to retry" in plain["message"]
+    assert Unavailable("x", outcome="unknown").details() == {"outcome": "unknown"}
+
+
+def test_cut_after_the_request_is_an_unknown_outcome(postgres_server):
+    url = fresh_url(postgres_server)
+    with running_proxy(url) as proxy, PostgresStore(_store_url(proxy.port, url)) as store:
+        assert store.append(SITE, "conv-cut-001", [{"n": 0}]).first == 0
+        cut = proxy.cut_after(b"cut-me-now")
+        with pytest.raises(Unavailable) as caught:
+            store.append(SITE, "conv-cut-001", [{"n": 1, "tag": "cut-me-now"}])
+        assert cut.is_set() and proxy.cuts == 1
+        assert caught.value.outcome == "unknown" and "outcome is unknown" in caught.value.message
+        assert caught.value.details() == {"outcome": "unknown"}
+        # The pool replaced the connection; the batch the client never heard of was stored.
+        assert store.append(SITE, "conv-cut-001", [{"n": 2}]).first == 2
+    with PostgresStore(url) as direct:
+        assert [i.payload["n"] for i in direct.replay(SITE, "conv-cut-001")] == [0, 1, 2]
+
+
+def test_connections_reset_while_idle_are_replaced_before_use(postgres_server):
+    url = fresh_url(postgres_server)
+    with running_proxy(url) as proxy, PostgresStore(_store_url(proxy.port, url, pool_size=4)) as store:
+        for round_ in range(3):
+            store.append(SITE, "conv-idle-01", [{"round": round_}])
+            assert proxy.reset_all() >= 1
+            # Reads and appends alike: no error, no unknown outcome (nothing was sent on a dead one).
+            assert [i.payload["round"] for i in store.recall(SITE, "conv-idle-01", 1)] == [round_]
+        assert len(store.replay(SITE, "conv-idle-01")) == 3
+
+
+def test_a_blackhole_longer_than_call_timeout_bounds_the_call(postgres_server):
+    url = fresh_url(postgres_server)
+    with running_proxy(url) as proxy, PostgresStore(_store_url(proxy.port, url)) as store:
+        store.append(SITE, "conv-hole-01", [{"n": 0}])
+        proxy.set(Fault.BLACKHOLE)
+        try:
+            started = time.monotonic()
+            with pytest.raises(Unavailable) as caught:
+                store.append(SITE, "conv-hole-01", [{"n": 1}])
+            took = time.monotonic() - started
+            assert CALL_TIMEOUT * 0.9 <= took <= CALL_TIMEOUT + LATENESS, took
+            assert caught.value.outcome == "unknown" and "call_timeout" in caught.value.message
+            started = time.monotonic()
+            with pytest.raises(Unavailable) as read_failure:
+                store.recall(SITE, "conv-hole-01")
+            assert time.monotonic() - started <= CALL_TIMEOUT + LATENESS
+            assert read_failure.value.outcome is None  # a read changes nothing
+        finally:
+            proxy.set(Fault.PASS)
+        # Healed: the pool serves again. The black-holed batch may or may not be stored (unknown).
+        seqs = _wait_for_success(lambda: store.append(SITE, "conv-hole-01", [{"n": 2}]))
+        assert [i.payload["n"] for i in store.replay(SITE, "conv-hole-01")] in ([0, 2], [0, 1, 2])
+        assert seqs.last == len(store.replay(SITE, "conv-hole-01")) - 1
+
+
+def _wait_for_success(fn, *, seconds: float = 60.0):  # type: ignore[no-untyped-def]
+    """``fn()`` once it stops failing with Unavailable (the pool reconnecting), within a generous bound."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            return fn()
+        except Unavailable:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+# --- over MCP ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.server
+def test_mcp_reports_the_unknown_outcome(postgres_server, tmp_path):
+    url = fresh_url(postgres_server)
+    password = "net-password"
+    PostgresRegistry(url).add(SITE, password)
+    with running_proxy(url) as proxy, serve(tmp_path, store=_store_url(proxy.port, url)) as srv:
+
+        async def scenario() -> None:
+            async with connect(srv.url, SITE, password, "2026-07-28") as client:
+                args = {"conversation_id": "conv-mcp-0001"}
+                is_error, ack = await call(client, "append_memory", {**args, "items": [{"n": 0}]})
+                assert not is_error and ack["first_seq"] == 0, ack
+                cut = proxy.cut_after(b"mcp-cut-marker")
+                is_error, out = await call(
+                    client, "append_memory", {**args, "items": [{"n": 1, "m": "mcp-cut-marker"}]}
+                )
+                assert is_error and cut.is_set()
+                err = error_of(out)
+                assert (err["code"], err["retryable"], err.get("outcome")) == ("Unavailable", True, "unknown")
+                assert "outcome is unknown" in err["message"]
+                # What the message tells the client to do: look at the tail. The batch is there.
+                is_error, tail = await call(client, "recall_memory", {**args, "count": 5})
+                assert not is_error and [i["payload"]["n"] for i in tail["items"]] == [0, 1]
+
+                proxy.set(Fault.BLACKHOLE)
+                try:
+                    started = time.monotonic()
+                    is_error, out = await call(client, "append_memory", {**args, "items": [{"n": 2}]})
+                    took = time.monotonic() - started
+                finally:
+                    proxy.set(Fault.PASS)
+                err = error_of(out)
+                assert is_error and err["outcome"] == "unknown" and err["code"] == "Unavailable", err
+                assert took <= CALL_TIMEOUT + LATENESS, took
+
+        anyio.run(scenario)
+
+
+# --- the nemesis suite -------------------------------------------------------------------------------
+
+
+@dataclass
+class Ledger:
+    """What the writers were told, per batch (each batch's item ids are unique)."""
+
+    acked: dict[str, tuple[str, int, int]] = field(default_factory=dict)  # batch -> (cid, first, n)
+    unknown: dict[str, tuple[str, int]] = field(default_factory=dict)  # batch -> (cid, n)
+    refused: dict[str, tuple[str, int, str]] = field(default_factory=dict)  # batch -> (cid, n, code)
+    longest: float = 0.0
+    longest_in_hole: float = 0.0
+    unexpected: list[BaseException] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _writer(store, w: int, conversations, ledger: Ledger, stop: threading.Event, hole: threading.Event):  # type: ignore[no-untyped-def]
+    rng = random.Random(w)
+    for b in range(1_000_000):
+        if stop.is_set():
+            return
+        cid = conversations[rng.randrange(len(conversations))]
+        n = rng.randint(1, 4)
+        batch = f"{w}.{b}"
+        items = [{"id": f"{batch}.{k}", "pad": "x" * rng.randint(0, 300)} for k in range(n)]
+        in_hole = hole.is_set()
+        started = time.monotonic()
+        try:
+            seqs = store.append(SITE, cid, items)
+            outcome: tuple[str, object] = ("acked", seqs)
+        except (Unavailable, Timeout) as exc:
+            outcome = ("unknown", None) if getattr(exc, "outcome", None) == "unknown" else (exc.code, None)
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            with ledger.lock:
+                ledger.unexpected.append(exc)
+            return
+        took = time.monotonic() - started
+        with ledger.lock:
+            ledger.longest = max(ledger.longest, took)
+            if in_hole or hole.is_set():
+                ledger.longest_in_hole = max(ledger.longest_in_hole, took)
+            kind, seqs = outcome
+            if kind == "acked":
+                ledger.acked[batch] = (cid, seqs.first, n)  # type: ignore[union-attr]
+            elif kind == "unknown":
+                ledger.unknown[batch] = (cid, n)
+            else:
+                ledger.refused[batch] = (cid, n, kind)
+
+
+def _nemesis_schedule(rng: random.Random, seconds: float):  # type: ignore[no-untyped-def]
+    """(fault, duration, latency) steps; always one black-hole longer than call_timeout + LATENESS."""
+    steps = [
+        ("pass", 0.5, 0.0),
+        ("latency", 1.0, 0.2),
+        ("pass", 0.3, 0.0),
+        ("reset", 0.3, 0.0),
+        ("pass", 0.5, 0.0),
+        ("cut", 0.5, 0.0),
+        ("cut", 0.5, 0.0),
+        ("blackhole", CALL_TIMEOUT + LATENESS + 2.0, 0.0),
+        ("pass", 0.5, 0.0),
+    ]
+    total = sum(s[1] for s in steps)
+    while total < seconds:
+        kind = rng.choice(["reset", "blackhole", "latency", "cut", "drop"])
+        duration = {"blackhole": rng.uniform(1.0, 4.0), "latency": rng.uniform(1.0, 3.0)}.get(
+            kind, rng.uniform(0.3, 1.0)
+        )
+        steps += [(kind, duration, rng.uniform(0.05, 0.8)), ("pass", rng.uniform(2.0, 5.0), 0.0)]
+        total += duration + steps[-1][1]
+    return steps
+
+
+def test_network_faults_lose_nothing_and_bound_every_call(postgres_server):
+    url = fresh_url(postgres_server)
+    writers, seconds = (16, 240.0) if LONG else (6, 0.0)
+    conversations = [f"conv-nem-{k:03d}" for k in range(4)]
+    ledger = Ledger()
+    stop, hole = threading.Event(), threading.Event()
+    rng = random.Random(26)
+    with running_proxy(url) as proxy, PostgresStore(_store_url(proxy.port, url, pool_size=4)) as store:
+        threads = [
+            threading.Thread(target=_writer, args=(store, w, conversations, ledger, stop, hole), daemon=True)
+            for w in range(writers)
+        ]
+        for t in threads:
+            t.start()
+        healed_at = 0.0
+        try:
+            for kind, duration, latency in _nemesis_schedule(rng, seconds):
+                if kind == "reset":
+                    proxy.reset_all()
+                elif kind == "drop":
+                    proxy.set(Fault.DROP)
+                elif kind == "latency":
+                    proxy.set(Fault.LATENCY, latency=latency)
+                elif kind == "cut":
+                    proxy.cut_after(b'{"id":"')
+                elif kind == "blackhole":
+                    hole.set()
+                    proxy.set(Fault.BLACKHOLE)
+                time.sleep(duration)
+                if kind != "pass":
+                    proxy.set(Fault.PASS)
+                    if kind == "blackhole":
+                        hole.clear()
+            healed_at = time.monotonic()
+            # Recovery: wait until every writer has been acknowledged again after the last fault.
+            marks = {w: _count_acked(ledger, w) for w in range(writers)}
+            deadline = time.monotonic() + 60
+            while any(_count_acked(ledger, w) <= marks[w] for w in range(writers)):
+                assert time.monotonic() < deadline, "the store did not recover within 60 s of the heal"
+                assert not ledger.unexpected, ledger.unexpected
+                time.sleep(0.02)
+            recovered = time.monotonic() - healed_at
+        finally:
+            stop.set()
+            proxy.set(Fault.PASS)
+            for t in threads:
+                t.join(timeout=60)
+        assert not any(t.is_alive() for t in threads)
+    assert not ledger.unexpected, ledger.unexpected
+    report = _check_in_database(url, conversations, ledger)
+    print(
+        f"network faults: {len(ledger.acked)} acknowledged, {report['lost']} lost, "
+        f"{report['partial']} partial, "
+        f"{len(ledger.unknown)} unknown outcome ({report['unknown_stored']} stored), {len(ledger.refused)} "
+        f"refused with a known outcome, longest call {ledger.longest:.2f} s (in a black-hole "
+        f"{ledger.longest_in_hole:.2f} s; bound {CALL_TIMEOUT} s), "
+        f"recovered {recovered:.2f} s after the heal, "
+        f"{proxy.resets} resets, {proxy.cuts} cuts"
+    )
+    assert ledger.acked and ledger.unknown
+    assert proxy.cuts >= 1
+    assert report["lost"] == 0 and report["partial"] == 0 and report["refused_stored"] == 0, report
+    assert ledger.longest_in_hole >= CALL_TIMEOUT * 0.9  # calls were caught in a black-hole...
+    assert ledger.longest <= CALL_TIMEOUT + LATENESS, ledger.longest  # ...and none outlasted the bound
+
+
+def _count_acked(ledger: Ledger, writer: int) -> int:
+    with ledger.lock:
+        return sum(1 for batch in ledger.acked if batch.startswith(f"{writer}."))
+
+
+def _check_in_database(url: str, conversations: list[str], ledger: Ledger) -> dict[str, int]:
+    """Read every row directly (no proxy, no logstore): per conversation gapless 0-based seqs; each
+    acknowledged batch at its exact seqs; each stored batch whole and contiguous; nothing stored that was
+    refused with a known outcome."""
+    where: dict[str, list[tuple[str, int]]] = {}  # batch -> [(cid, seq)] for each stored item
+    with psycopg.connect(libpq_conninfo(url), autocommit=True) as conn:
+        for cid in conversations:
+            rows = conn.execute(
+                "SELECT seq, payload FROM logstore_items WHERE site = %s AND conversation_id = %s"
+                " ORDER BY seq",
+                (SITE, cid),
+            ).fetchall()
+            assert [seq for seq, _ in rows] == list(range(len(rows))), f"{cid}: seqs not gapless"
+            (next_seq,) = conn.execute(
+                "SELECT next_seq FROM logstore_conversations WHERE site = %s AND conversation_id = %s",
+                (SITE, cid),
+            ).fetchone() or (0,)
+            assert next_seq == len(rows), (cid, next_seq, len(rows))
+            for seq, payload in rows:
+                item_id = json.loads(bytes(payload))["id"]
+                batch, _, k = item_id.rpartition(".")
+                where.setdefault(batch, []).append((cid, seq))
+    lost = partial = 0
+    for batch, (cid, first, n) in ledger.acked.items():
+        if where.get(batch) != [(cid, first + k) for k in range(n)]:
+            lost += 1
+    sizes = {b: n for b, (_, _, n) in ledger.acked.items()} | {b: n for b, (_, n) in ledger.unknown.items()}
+    sizes |= {b: n for b, (_, n, _) in ledger.refused.items()}
+    for batch, places in where.items():
+        cid = places[0][0]
+        seqs = [seq for _, seq in places]
+        whole = len(places) == sizes.get(batch, -1) and seqs == list(range(seqs[0], seqs[0] + len(seqs)))
+        if not whole or any(c != cid for c, _ in places):
+            partial += 1
+    return {
+        "lost": lost,
+        "partial": partial,
+        "unknown_stored": sum(1 for b in ledger.unknown if b in where),
+        "refused_stored": sum(1 for b in ledger.refused if b in where),
+    }
+
