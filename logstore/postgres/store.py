@@ -53,7 +53,7 @@ from .pgerrors import (
 )
 from .schema import check_durability, check_schema
 from .settings import client_settings
-from .watchdog import Watchdog
+from .watchdog import Watchdog, fileno
 
 __all__ = ["PostgresStore"]
 
@@ -181,7 +181,7 @@ class PostgresStore:
 
     def _configure(self, conn: psycopg.Connection) -> None:
         """A new connection's session settings, in one round trip bounded by the call deadline."""
-        armed = self._watchdog.arm(_fileno(conn), time.monotonic() + self.settings.call_timeout)
+        armed = self._watchdog.arm(fileno(conn), time.monotonic() + self.settings.call_timeout)
         try:
             conn.execute(
                 "SELECT set_config('lock_timeout', %s, false), set_config('statement_timeout', %s, false),"
@@ -325,7 +325,7 @@ class PostgresStore:
         for attempt in range(SERIALIZATION_RETRIES + 1):
             self._check_open()
             conn = self._take(deadline, writing=writing)
-            armed = self._watchdog.arm(_fileno(conn), deadline)
+            armed = self._watchdog.arm(fileno(conn), deadline)
             try:
                 return work(conn)
             except psycopg.Error as exc:
@@ -389,19 +389,11 @@ class PostgresStore:
         return out
 
 
-def _fileno(conn: psycopg.Connection) -> int:
-    """The connection's socket, -1 if libpq has none (closed or lost)."""
-    try:
-        return -1 if conn.closed else conn.pgconn.socket
-    except psycopg.Error:
-        return -1
-
-
 def _has_input(conn: psycopg.Connection) -> bool:
     """The idle connection's socket is readable (or gone): the peer closed or reset it."""
-    fileno = _fileno(conn)
-    if fileno < 0:
+    fd = fileno(conn)
+    if fd < 0:
         return True
     poller = select.poll()
-    poller.register(fileno, select.POLLIN)
+    poller.register(fd, select.POLLIN)
     return bool(poller.poll(0))

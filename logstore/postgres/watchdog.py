@@ -22,7 +22,9 @@ import threading
 import time
 from dataclasses import dataclass
 
-__all__ = ["Armed", "Watchdog"]
+import psycopg
+
+__all__ = ["Armed", "Watchdog", "fileno"]
 
 _IDLE_TICK = 1.0  # seconds
 
@@ -30,7 +32,7 @@ _IDLE_TICK = 1.0  # seconds
 @dataclass(eq=False)
 class Armed:
     deadline: float
-    sock: socket.socket | None
+    fd: int  # our duplicate of the connection's descriptor, -1 if none
     fired: bool = False
 
 
@@ -47,10 +49,10 @@ class Watchdog:
         """Watch the socket ``fileno`` until ``disarm``; shut it down if ``deadline`` (monotonic) passes.
         A descriptor that is already gone (-1, or closed) gives an entry that only reports the deadline."""
         try:
-            sock: socket.socket | None = socket.socket(fileno=os.dup(fileno)) if fileno >= 0 else None
+            fd = os.dup(fileno) if fileno >= 0 else -1
         except OSError:
-            sock = None
-        entry = Armed(deadline, sock)
+            fd = -1
+        entry = Armed(deadline, fd)
         with self._cond:
             if self._stopped:
                 raise RuntimeError("watchdog stopped")
@@ -66,9 +68,9 @@ class Watchdog:
         """Stop watching; True if the deadline had passed and the socket was shut down."""
         with self._cond:
             self._armed.discard(entry)
-            sock, entry.sock = entry.sock, None
-        if sock is not None:
-            sock.close()  # our duplicate only: the connection's own descriptor stays libpq's
+            fd, entry.fd = entry.fd, -1
+        if fd >= 0:
+            os.close(fd)  # our duplicate only: the connection's own descriptor stays libpq's
         return entry.fired
 
     def stop(self) -> None:
@@ -86,11 +88,26 @@ class Watchdog:
                 for entry in [e for e in self._armed if e.deadline <= now]:
                     self._armed.discard(entry)
                     entry.fired = True
-                    if entry.sock is not None:
-                        try:
-                            entry.sock.shutdown(socket.SHUT_RDWR)
-                        except OSError:  # already disconnected
-                            pass
+                    if entry.fd >= 0:
+                        _shutdown(entry.fd)
                 # Idle: look again after a tick, so that arming the next call need not wake this thread.
                 self._wake_at = min((e.deadline for e in self._armed), default=now + _IDLE_TICK)
                 self._cond.wait(self._wake_at - now)
+
+
+def _shutdown(fd: int) -> None:
+    sock = socket.socket(fileno=fd)
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:  # already disconnected
+        pass
+    finally:
+        sock.detach()  # the descriptor stays open until disarm closes it
+
+
+def fileno(conn: psycopg.Connection) -> int:
+    """The connection's socket, -1 if libpq has none (closed or lost)."""
+    try:
+        return -1 if conn.closed else conn.pgconn.socket
+    except psycopg.Error:
+        return -1
