@@ -25,6 +25,7 @@ import pytest
 
 from logstore.core.errors import Timeout, Unavailable
 from logstore.postgres import PostgresStore
+from logstore.postgres.pgerrors import is_stale_connection, translate
 from logstore.postgres.registry import PostgresRegistry
 from logstore.postgres.settings import libpq_conninfo
 from server.tool_errors import error_body
@@ -52,6 +53,16 @@ def test_unknown_outcome_in_the_error_body():
     plain = error_body(Unavailable("pool timeout"))["error"]
     assert "outcome" not in plain and "safe to retry" in plain["message"]
     assert Unavailable("x", outcome="unknown").details() == {"outcome": "unknown"}
+
+
+def test_a_crash_restart_during_an_append_is_an_unknown_outcome():
+    # 57P02 comes from a signal handler, possibly after the commit: never re-run, never "nothing stored".
+    crash = psycopg.errors.lookup("57P02")("terminating connection because of crash of another process")
+    assert translate(crash, writing=True).outcome == "unknown"
+    assert translate(crash, writing=False).outcome is None
+    assert not is_stale_connection(crash, writing=True) and is_stale_connection(crash, writing=False)
+    shutdown = psycopg.errors.lookup("57P01")("terminating connection due to administrator command")
+    assert translate(shutdown, writing=True).outcome is None
 
 
 def test_cut_after_the_request_is_an_unknown_outcome(postgres_server):
@@ -202,7 +213,7 @@ def _writer(store, w: int, conversations, ledger: Ledger, stop: threading.Event,
                 ledger.longest_in_hole = max(ledger.longest_in_hole, took)
             kind, seqs = outcome
             if kind == "acked":
-                ledger.acked[batch] = (cid, seqs.first, n)  # type: ignore[union-attr]
+                ledger.acked[batch] = (cid, seqs.first, n)
             elif kind == "unknown":
                 ledger.unknown[batch] = (cid, n)
             else:
