@@ -22,12 +22,14 @@ from dataclasses import dataclass, field
 import anyio
 import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 
 from logstore.core.errors import Timeout, Unavailable
+from logstore.core.factory import parse_store_url
 from logstore.postgres import PostgresStore
 from logstore.postgres.pgerrors import is_stale_connection, translate
 from logstore.postgres.registry import PostgresRegistry
-from logstore.postgres.settings import libpq_conninfo
+from logstore.postgres.settings import LIBPQ_DEFAULTS, client_settings, libpq_conninfo, split_url
 from server.tool_errors import error_body
 from tests.faultproxy import Fault, proxied_url, running_proxy
 from tests.postgres_support import fresh_url
@@ -44,6 +46,20 @@ LATENESS = 1.5
 def _store_url(proxy_port: int, url: str, **params: float) -> str:
     settings = {"call_timeout": CALL_TIMEOUT, "pool_timeout": 1.0, "connect_timeout": 2, **params}
     return proxied_url(url, proxy_port) + "".join(f"&{k}={v}" for k, v in settings.items())
+
+
+def test_store_url_parameters():
+    conninfo, own = split_url("postgresql://u@db.internal/x?call_timeout=2.5&sslmode=disable&pool_size=3")
+    assert own == {"call_timeout": 2.5, "pool_size": 3}
+    params = conninfo_to_dict(conninfo)
+    assert "call_timeout" not in params and params["sslmode"] == "disable"  # libpq's own are kept
+    assert {k: params[k] for k in LIBPQ_DEFAULTS} == LIBPQ_DEFAULTS  # the bounds are on by default
+    assert conninfo_to_dict(libpq_conninfo("postgresql://db/x?connect_timeout=9"))["connect_timeout"] == "9"
+    _, settings = client_settings("postgresql://db/x?pool_timeout=2&call_timeout=7", call_timeout=3)
+    assert (settings.pool_timeout, settings.call_timeout, settings.pool_size) == (2, 3, 10)  # argument wins
+    for bad in ("call_timeout=abc", "pool_size=0", "bogus=1"):
+        with pytest.raises(ValueError):
+            parse_store_url(f"postgresql://db/x?{bad}")  # said at start-up, before any connection
 
 
 def test_unknown_outcome_in_the_error_body():

@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit, urlunsplit
 
+import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 __all__ = ["ClientSettings", "LIBPQ_DEFAULTS", "client_settings", "libpq_conninfo", "split_url"]
@@ -78,7 +79,10 @@ def split_url(url: str) -> tuple[str, dict[str, float | int]]:
                 raise ValueError(f"store URL parameter {key}={value!r} must be positive")
             own[key] = number
         url = urlunsplit(parts._replace(query="&".join(kept)))
-    params = conninfo_to_dict(url)
+    try:
+        params = conninfo_to_dict(url)
+    except psycopg.Error as exc:
+        raise ValueError(f"invalid PostgreSQL URL: {str(exc).strip()}") from None
     for key, value in LIBPQ_DEFAULTS.items():
         params.setdefault(key, value)
     return make_conninfo("", **params), own
