@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from logstore.postgres import PostgresStore
 from logstore.postgres.pgerrors import is_stale_connection, translate
 from logstore.postgres.registry import PostgresRegistry
 from logstore.postgres.settings import LIBPQ_DEFAULTS, client_settings, libpq_conninfo, split_url
+from logstore.postgres.watchdog import Watchdog
 from server.tool_errors import error_body
 from tests.faultproxy import Fault, proxied_url, running_proxy
 from tests.postgres_support import fresh_url
@@ -46,6 +48,27 @@ LATENESS = 1.5
 def _store_url(proxy_port: int, url: str, **params: float) -> str:
     settings = {"call_timeout": CALL_TIMEOUT, "pool_timeout": 1.0, "connect_timeout": 2, **params}
     return proxied_url(url, proxy_port) + "".join(f"&{k}={v}" for k, v in settings.items())
+
+
+def test_watchdog_shuts_down_a_socket_past_its_deadline_and_only_then():
+    ours, peer = socket.socketpair()
+    watchdog = Watchdog("test-deadlines")
+    try:
+        quick = watchdog.arm(ours.fileno(), time.monotonic() + 0.2)
+        ours.settimeout(60)
+        assert ours.recv(1) == b""  # woken by the shutdown, not by the peer (which never writes)
+        assert watchdog.disarm(quick) is True
+        calm = watchdog.arm(ours.fileno(), time.monotonic() + 3600)
+        assert watchdog.disarm(calm) is False and calm.fd == -1  # its duplicate descriptor is closed
+        other, other_peer = socket.socketpair()
+        late = watchdog.arm(other.fileno(), time.monotonic() + 3600)
+        watchdog.disarm(late)
+        other_peer.sendall(b"x")
+        assert other.recv(1) == b"x"  # a disarmed call's socket is left alone
+        other.close(), other_peer.close()
+    finally:
+        watchdog.stop()
+        ours.close(), peer.close()
 
 
 def test_store_url_parameters():
@@ -371,4 +394,3 @@ def _check_in_database(url: str, conversations: list[str], ledger: Ledger) -> di
         "unknown_stored": sum(1 for b in ledger.unknown if b in where),
         "refused_stored": sum(1 for b in ledger.refused if b in where),
     }
-
