@@ -106,7 +106,10 @@ def test_a_crash_restart_during_an_append_is_an_unknown_outcome():
 
 def test_cut_after_the_request_is_an_unknown_outcome(postgres_server):
     url = fresh_url(postgres_server)
-    with running_proxy(url) as proxy, PostgresStore(_store_url(proxy.port, url)) as store:
+    # Generous timeouts: this test is about the outcome, and the reconnection after the cut must not
+    # time out on a loaded machine.
+    roomy = {"call_timeout": 30, "pool_timeout": 30}
+    with running_proxy(url) as proxy, PostgresStore(_store_url(proxy.port, url, **roomy)) as store:
         assert store.append(SITE, "conv-cut-001", [{"n": 0}]).first == 0
         cut = proxy.cut_after(b"cut-me-now")
         with pytest.raises(Unavailable) as caught:
@@ -122,7 +125,8 @@ def test_cut_after_the_request_is_an_unknown_outcome(postgres_server):
 
 def test_connections_reset_while_idle_are_replaced_before_use(postgres_server):
     url = fresh_url(postgres_server)
-    with running_proxy(url) as proxy, PostgresStore(_store_url(proxy.port, url, pool_size=4)) as store:
+    roomy = {"call_timeout": 30, "pool_timeout": 30, "pool_size": 4}  # the outcome is the point here
+    with running_proxy(url) as proxy, PostgresStore(_store_url(proxy.port, url, **roomy)) as store:
         for round_ in range(3):
             store.append(SITE, "conv-idle-01", [{"round": round_}])
             assert proxy.reset_all() >= 1
@@ -192,8 +196,14 @@ def test_mcp_reports_the_unknown_outcome(postgres_server, tmp_path):
                 assert (err["code"], err["retryable"], err.get("outcome")) == ("Unavailable", True, "unknown")
                 assert "outcome is unknown" in err["message"]
                 # What the message tells the client to do: look at the tail. The batch is there.
-                is_error, tail = await call(client, "recall_memory", {**args, "count": 5})
-                assert not is_error and [i["payload"]["n"] for i in tail["items"]] == [0, 1]
+                # (The server's pool reconnects first: until it has, a read is a plain Unavailable.)
+                for _ in range(600):
+                    is_error, tail = await call(client, "recall_memory", {**args, "count": 5})
+                    if not is_error or error_of(tail)["code"] != "Unavailable":
+                        break
+                    assert "outcome" not in error_of(tail)
+                    await anyio.sleep(0.1)
+                assert not is_error and [i["payload"]["n"] for i in tail["items"]] == [0, 1], tail
 
                 proxy.set(Fault.BLACKHOLE)
                 try:
