@@ -66,6 +66,13 @@ def test_watchdog_shuts_down_a_socket_past_its_deadline_and_only_then():
         other_peer.sendall(b"x")
         assert other.recv(1) == b"x"  # a disarmed call's socket is left alone
         other.close(), other_peer.close()
+        # A store closing under a call in flight: the call keeps its deadline.
+        third, third_peer = socket.socketpair()
+        third.settimeout(60)
+        in_flight = watchdog.arm(third.fileno(), time.monotonic() + 0.2)
+        watchdog.stop()
+        assert third.recv(1) == b"" and watchdog.disarm(in_flight) is True
+        third.close(), third_peer.close()
     finally:
         watchdog.stop()
         ours.close(), peer.close()

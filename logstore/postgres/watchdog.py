@@ -43,6 +43,7 @@ class Watchdog:
         self._armed: set[Armed] = set()
         self._wake_at = 0.0
         self._stopped = False
+        self._running = False  # the thread is in its loop (set and cleared under the lock)
         self._thread: threading.Thread | None = None
 
     def arm(self, fileno: int, deadline: float) -> Armed:
@@ -54,10 +55,9 @@ class Watchdog:
             fd = -1
         entry = Armed(deadline, fd)
         with self._cond:
-            if self._stopped:
-                raise RuntimeError("watchdog stopped")
             self._armed.add(entry)
-            if self._thread is None:
+            if not self._running:  # first use, or a call armed while its store closes: still bounded
+                self._running = True
                 self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                 self._thread.start()
             elif deadline < self._wake_at:
@@ -69,30 +69,40 @@ class Watchdog:
         with self._cond:
             self._armed.discard(entry)
             fd, entry.fd = entry.fd, -1
+            if self._stopped and not self._armed:
+                self._cond.notify()  # the last call of a stopped watchdog: let the thread end
         if fd >= 0:
             os.close(fd)  # our duplicate only: the connection's own descriptor stays libpq's
         return entry.fired
 
     def stop(self) -> None:
+        """End the thread once no call is armed: calls still in flight (a store closing under them) keep
+        their deadlines. Joins the thread when none is."""
         with self._cond:
             self._stopped = True
             self._cond.notify()
-            thread = self._thread
+            thread = None if self._armed else self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join()
 
     def _run(self) -> None:
         with self._cond:
-            while not self._stopped:
-                now = time.monotonic()
-                for entry in [e for e in self._armed if e.deadline <= now]:
-                    self._armed.discard(entry)
-                    entry.fired = True
-                    if entry.fd >= 0:
-                        _shutdown(entry.fd)
-                # Idle: look again after a tick, so that arming the next call need not wake this thread.
-                self._wake_at = min((e.deadline for e in self._armed), default=now + _IDLE_TICK)
-                self._cond.wait(self._wake_at - now)
+            try:
+                self._loop()
+            finally:
+                self._running = False
+
+    def _loop(self) -> None:  # under the lock
+        while not (self._stopped and not self._armed):
+            now = time.monotonic()
+            for entry in [e for e in self._armed if e.deadline <= now]:
+                self._armed.discard(entry)
+                entry.fired = True
+                if entry.fd >= 0:
+                    _shutdown(entry.fd)
+            # Idle: look again after a tick, so that arming the next call need not wake this thread.
+            self._wake_at = min((e.deadline for e in self._armed), default=now + _IDLE_TICK)
+            self._cond.wait(self._wake_at - now)
 
 
 def _shutdown(fd: int) -> None:
