@@ -11,10 +11,16 @@ agent (docs/CLIENT.md).
 from .aio import AsyncClient
 from .errors import ProtocolError, Unauthorized, outcome_of
 from .sync import Client
+from .writer import BackgroundWriter, Disposition, Failure, SpoolSync, WriterOptions
 
 __all__ = [
     "AsyncClient",
     "Client",
+    "BackgroundWriter",
+    "WriterOptions",
+    "Failure",
+    "Disposition",
+    "SpoolSync",
     "Unauthorized",
     "ProtocolError",
     "outcome_of",
