@@ -26,14 +26,13 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import enum
 import logging
 import os
 import random
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,61 +42,23 @@ from logstore.core import errors
 from logstore.core.ids import validate_conversation_id
 from logstore.core.models import SeqRange
 
-from .aio import AsyncClient, TransportFactory, encode_items
+from .calls import ToolCalls, TransportFactory, encode_items
 from .errors import UNKNOWN, outcome_of
+from .options import BufferFull, Closed, Disposition, Failure, SpoolSync, WriterOptions, WriterStats
 from .spool import Spool
 
-__all__ = ["BackgroundWriter", "WriterOptions", "Failure", "Disposition", "SpoolSync", "BufferFull", "Closed"]
+__all__ = [
+    "BackgroundWriter",
+    "WriterOptions",
+    "Failure",
+    "Disposition",
+    "SpoolSync",
+    "BufferFull",
+    "Closed",
+    "WriterStats",
+]
 
 log = logging.getLogger("logstore.client")
-
-
-class Disposition(enum.Enum):
-    REJECTED = "rejected"  # the server refused the batch with a permanent error
-    GAVE_UP = "gave-up"  # retryable failures until retry_for ran out
-    REFUSED = "refused"  # not accepted at hand-over: buffer full, invalid id, not JSON, writer closed
-    ABANDONED = "abandoned"  # still unsent when close() timed out, and no spool to keep it
-
-
-class SpoolSync(enum.Enum):
-    BACKGROUND = "background"  # fdatasync every sync_interval: survives a process crash at once
-    ALWAYS = "always"  # fdatasync before append returns: survives power loss, costs a disk flush
-
-
-class BufferFull(errors.LogstoreError):
-    code = "BufferFull"
-
-
-class Closed(errors.LogstoreError):
-    code = "Closed"
-
-
-@dataclass(frozen=True)
-class Failure:
-    conversation_id: str
-    items_json: bytes
-    disposition: Disposition
-    error: BaseException | None
-
-    @property
-    def items(self) -> list[dict[str, Any]]:
-        return msgspec.json.decode(self.items_json) if self.items_json else []
-
-
-@dataclass(frozen=True, kw_only=True)
-class WriterOptions:
-    max_batches: int = 10_000
-    max_bytes: int = 64 << 20
-    retry_for: float | None = 600.0
-    backoff_initial: float = 0.05
-    backoff_max: float = 5.0
-    concurrency: int = 16
-    on_error: Callable[[Failure], None] | None = None
-    spool: str | None = None
-    spool_sync: SpoolSync = SpoolSync.BACKGROUND
-    sync_interval: float = 0.02
-    spool_reset_bytes: int = 1 << 20
-    exit_timeout: float = 5.0  # how long interpreter exit waits to drain a writer never closed
 
 
 @dataclass(eq=False)
@@ -127,6 +88,7 @@ class BackgroundWriter:
         self._lock = threading.Lock()
         self._settled = threading.Condition(self._lock)
         self._s = _Shared()
+        self.stats = WriterStats()
         self._closing = False
         self._waiting = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -255,6 +217,7 @@ class BackgroundWriter:
             self.close(self.options.exit_timeout)
 
     def _report(self, failure: Failure) -> None:
+        self.stats.failed += 1
         log.error(
             "memory batch for %s %s: %s",
             failure.conversation_id,
@@ -286,7 +249,7 @@ class BackgroundWriter:
         self._loop = asyncio.get_running_loop()
         self._wake, self._abandon = asyncio.Event(), asyncio.Event()
         started.set()
-        client = AsyncClient(self._factory)
+        client = ToolCalls(self._factory)
         limit = asyncio.Semaphore(self.options.concurrency)
         tasks: set[asyncio.Task[None]] = set()
         syncer = asyncio.create_task(self._syncer()) if self._spool is not None else None
@@ -322,7 +285,7 @@ class BackgroundWriter:
             await asyncio.sleep(self.options.sync_interval)
             await asyncio.to_thread(self._sync_spool)
 
-    async def _sender(self, client: AsyncClient, cid: str, limit: asyncio.Semaphore) -> None:
+    async def _sender(self, client: ToolCalls, cid: str, limit: asyncio.Semaphore) -> None:
         async with limit:
             while True:
                 with self._lock:
@@ -354,7 +317,7 @@ class BackgroundWriter:
         if failure is not None:
             self._report(failure)
 
-    async def _deliver(self, client: AsyncClient, batch: _Batch) -> Failure | None:
+    async def _deliver(self, client: ToolCalls, batch: _Batch) -> Failure | None:
         """Store ``batch`` once: None when stored, else why not (ABANDONED: close() gave up waiting)."""
         cid, attempt = batch.conversation_id, 0
         positions = self._s.positions
@@ -364,6 +327,7 @@ class BackgroundWriter:
                     stored = await self._already_stored(client, batch)
                     if stored is not None:
                         positions[cid] = stored.last + 1
+                        self.stats.found_stored += 1
                         return None
                     batch.unknown = False
                 if cid not in positions:  # where the log ends, before anything of ours can be there
@@ -371,6 +335,7 @@ class BackgroundWriter:
                     positions[cid] = tail[-1].seq + 1 if tail else 0
                 seqs = await client.append_encoded(cid, batch.items_json)
                 positions[cid] = seqs.last + 1
+                self.stats.stored += 1
                 return None
             except errors.LogstoreError as exc:
                 if not exc.retryable:
@@ -378,13 +343,16 @@ class BackgroundWriter:
                 error: BaseException = exc
                 if outcome_of(exc) == UNKNOWN:
                     batch.unknown = True
+                    self.stats.unknown += 1
             except Exception as exc:  # a bug or a broken reply: we cannot tell whether it was applied
                 log.warning("append to %s failed unexpectedly: %r", cid, exc)
                 error, batch.unknown = exc, True
+                self.stats.unknown += 1
             delay = random.uniform(
                 0, min(self.options.backoff_max, self.options.backoff_initial * 2**attempt)
             )
             attempt += 1
+            self.stats.retries += 1
             if batch.deadline is not None:
                 left = batch.deadline - time.monotonic()
                 if left <= 0:
@@ -397,7 +365,7 @@ class BackgroundWriter:
             except TimeoutError:
                 pass
 
-    async def _already_stored(self, client: AsyncClient, batch: _Batch) -> SeqRange | None:
+    async def _already_stored(self, client: ToolCalls, batch: _Batch) -> SeqRange | None:
         """Where ``batch`` is stored if an earlier attempt landed, else None (so it is sent again)."""
         wanted = msgspec.json.decode(batch.items_json)
         n = len(wanted)
