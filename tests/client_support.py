@@ -3,17 +3,28 @@ and the oracle: what each conversation must hold."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from logstore.client import Client
 from tests.server_support import REPO, free_port, logstore_cmd, wait_healthy
 
-__all__ = ["Restartable", "stored_payloads", "SITE", "PASSWORD", "add_site", "batch_for", "wait_until"]
+__all__ = [
+    "Restartable",
+    "running",
+    "stored_payloads",
+    "SITE",
+    "PASSWORD",
+    "add_site",
+    "batch_for",
+    "wait_until",
+]
 
 SITE, PASSWORD = "agent", "agent-password"
 
@@ -100,3 +111,15 @@ def wait_until(condition, timeout: float = 60.0, what: str = "condition") -> Non
         if time.monotonic() > deadline:
             raise TimeoutError(f"{what} not reached in {timeout} s")
         time.sleep(0.005)
+
+
+@contextlib.contextmanager
+def running(data_dir: Path, store: str | None = None) -> Iterator[Restartable]:
+    """A started server with the test site; stopped afterwards."""
+    add_site(data_dir, store)
+    server = Restartable(data_dir, store)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -17,18 +17,14 @@ from logstore.client import AsyncClient, Client, Unauthorized, outcome_of
 from logstore.client.errors import error_from_body
 from logstore.core import errors
 from logstore.core.models import MemoryItem, SeqRange
-from tests.client_support import PASSWORD, SITE, Restartable, add_site
+from tests.client_support import PASSWORD, SITE, Restartable, add_site, running
 from tests.server_support import REPO, free_port
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    data_dir = tmp_path_factory.mktemp("client")
-    add_site(data_dir, None)
-    running = Restartable(data_dir)
-    running.start()
-    yield running
-    running.stop()
+    with running(tmp_path_factory.mktemp("client")) as server:
+        yield server
 
 
 def new_id() -> str:

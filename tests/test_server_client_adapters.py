@@ -10,17 +10,13 @@ import pytest
 
 from logstore.client import Client
 from logstore.client.adapters.markers import new_session_id
-from tests.client_support import PASSWORD, SITE, Restartable, add_site
+from tests.client_support import PASSWORD, SITE, running
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    data_dir = tmp_path_factory.mktemp("adapters")
-    add_site(data_dir, None)
-    running = Restartable(data_dir)
-    running.start()
-    yield running
-    running.stop()
+    with running(tmp_path_factory.mktemp("adapters")) as server:
+        yield server
 
 
 @pytest.fixture
