@@ -145,3 +145,12 @@ def test_transport_tells_unsent_from_unknown():
             c.append(new_id(), [{"a": 1}])
         thread.join()
     assert outcome_of(dropped.value) == "unknown"
+
+
+def test_append_waits_for_earlier_append_nowait_of_its_conversation(server):
+    cid = new_id()
+    with server.client() as c:
+        for i in range(20):
+            assert c.append_nowait(cid, [{"i": i}])
+        assert c.append(cid, [{"i": 20}]) == SeqRange(20, 20)  # after the 20 handed over before it
+        assert [i.payload["i"] for i in c.iter_replay(cid)] == list(range(21))

@@ -19,11 +19,16 @@ from typing import Any
 
 import anyio
 
+from logstore.core import errors
+from logstore.core.models import SeqRange
+
 from .calls import ToolCalls, TransportFactory
 from .transport import HttpTransport, StdioTransport
 from .writer import BackgroundWriter, WriterOptions
 
-__all__ = ["AsyncClient"]
+__all__ = ["AsyncClient", "ORDER_TIMEOUT"]
+
+ORDER_TIMEOUT = 30.0
 
 
 class AsyncClient(ToolCalls):
@@ -70,6 +75,20 @@ class AsyncClient(ToolCalls):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+    async def append(self, conversation_id: str, items: Sequence[Mapping[str, Any]]) -> SeqRange:
+        """Append one batch and wait for its durable acknowledgement, after the batches of this
+        conversation handed to ``append_nowait`` before it (order is kept: up to ``ORDER_TIMEOUT`` s, then
+        ``Timeout``). Raises the spec's errors; nothing is retried."""
+        writer = self._writer
+        if writer is not None and writer.has_pending(conversation_id):
+            settled = await anyio.to_thread.run_sync(lambda: writer.flush(ORDER_TIMEOUT, conversation_id))
+            if not settled:
+                raise errors.Timeout(
+                    "batches handed to append_nowait earlier for this conversation are not stored yet; "
+                    "append() waits for them to keep the conversation's order"
+                )
+        return await super().append(conversation_id, items)
 
     # -- the background writer --------------------------------------------------------------------
 

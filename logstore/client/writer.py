@@ -175,11 +175,16 @@ class BackgroundWriter:
         """Batches handed over and not yet settled."""
         return self._s.count
 
-    def flush(self, timeout: float | None = None) -> bool:
-        """Wait until every batch handed over so far is settled (stored or reported); False on timeout."""
+    def has_pending(self, conversation_id: str) -> bool:
+        return bool(self._s.queues.get(conversation_id))
+
+    def flush(self, timeout: float | None = None, conversation_id: str | None = None) -> bool:
+        """Wait until every batch handed over so far (of ``conversation_id`` only, if given) is settled:
+        stored or reported. False on timeout."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        s = self._s
         with self._lock:
-            while self._s.count:
+            while s.queues.get(conversation_id) if conversation_id is not None else s.count:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return False
@@ -312,8 +317,7 @@ class BackgroundWriter:
                 self._spool.done(batch.id, batch.conversation_id, s.positions.get(batch.conversation_id))
                 if not s.count and self._spool.size > self.options.spool_reset_bytes:
                     self._spool.reset(s.positions)
-            if not s.count:
-                self._settled.notify_all()
+            self._settled.notify_all()
         if failure is not None:
             self._report(failure)
 
