@@ -137,3 +137,26 @@ def test_openai_agents_runner_uses_the_session(client):
     assert second.final_output == "echo: two (3 inputs)"  # the session gave the model the first turn
     stored = asyncio.run(session.get_items())
     assert [i.get("role") for i in stored] == ["user", "assistant", "user", "assistant"]
+
+
+def test_the_examples_in_docs_client_md_run(server, tmp_path):
+    """Every example in docs/CLIENT.md that talks to a server runs as printed."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    from tests.server_support import REPO
+
+    text = (REPO / "docs" / "CLIENT.md").read_text()
+    examples = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "LOGSTORE_PASSWORD" in b]
+    assert len(examples) == 3
+    env = {**os.environ, "LOGSTORE_URL": server.url, "LOGSTORE_SITE": SITE, "LOGSTORE_PASSWORD": PASSWORD}
+    for n, code in enumerate(examples):
+        script = tmp_path / f"example{n}.py"
+        script.write_text(code)
+        run = subprocess.run(
+            [sys.executable, str(script)], env=env, cwd=tmp_path, capture_output=True, text=True
+        )
+        assert run.returncode == 0, run.stderr
+        assert "Traceback" not in run.stderr
