@@ -11,6 +11,7 @@ background writer (``append_nowait``) has its own thread as in the async client.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar
@@ -32,6 +33,7 @@ class Client:
         self.aio = inner
         self._portal_cm: AbstractContextManager[BlockingPortal] | None = None
         self._portal: BlockingPortal | None = None
+        self._portal_lock = threading.Lock()
 
     @classmethod
     def http(
@@ -61,10 +63,14 @@ class Client:
         self.close()
 
     def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
-        if self._portal is None:
-            self._portal_cm = start_blocking_portal()
-            self._portal = self._portal_cm.__enter__()
-        return self._portal.call(fn, *args)
+        portal = self._portal
+        if portal is None:
+            with self._portal_lock:  # two threads' first calls start one portal
+                if self._portal is None:
+                    self._portal_cm = start_blocking_portal()
+                    self._portal = self._portal_cm.__enter__()
+                portal = self._portal
+        return portal.call(fn, *args)
 
     def append(self, conversation_id: str, items: Sequence[Mapping[str, Any]]) -> SeqRange:
         result: SeqRange = self._run(self.aio.append, conversation_id, items)
