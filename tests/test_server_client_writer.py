@@ -176,7 +176,7 @@ def test_spool_survives_kill9_of_the_agent(tmp_path, server_up):
     server = Restartable(tmp_path)
     spool = str(tmp_path / "agent.spool")
     cid = f"spool-{uuid.uuid4().hex}"
-    count = 300
+    count = 200
     try:
         if server_up:
             server.start()

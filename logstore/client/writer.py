@@ -333,7 +333,9 @@ class BackgroundWriter:
                         positions[cid] = stored.last + 1
                         self.stats.found_stored += 1
                         return None
-                    batch.unknown = False
+                    with self._lock:  # not stored, so none behind it was ever sent: no check for them
+                        for later in self._s.queues.get(cid, ()):
+                            later.unknown = False
                 if cid not in positions:  # where the log ends, before anything of ours can be there
                     tail = await client.recall(cid, 1)
                     positions[cid] = tail[-1].seq + 1 if tail else 0
@@ -384,6 +386,7 @@ class BackgroundWriter:
         tail = await client.recall(batch.conversation_id, n)
         if len(tail) == n and [i.payload for i in tail] == wanted:
             return SeqRange(first=tail[0].seq, last=tail[-1].seq)
+        self._s.positions[batch.conversation_id] = tail[-1].seq + 1 if tail else 0  # not there: the end now
         return None
 
 
