@@ -186,9 +186,9 @@ class BackgroundWriter:
         with self._lock:
             while s.queues.get(conversation_id) if conversation_id is not None else s.count:
                 left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
+                if (left is not None and left <= 0) or not self._thread.is_alive():
                     return False
-                self._settled.wait(left)
+                self._settled.wait(1.0 if left is None else min(left, 1.0))
         return True
 
     def close(self, timeout: float | None = 30.0) -> bool:
@@ -248,7 +248,14 @@ class BackgroundWriter:
     # -- the writer's thread ------------------------------------------------------------------------
 
     def _run(self, started: threading.Event) -> None:
-        asyncio.run(self._main(started))
+        try:
+            asyncio.run(self._main(started))
+        except BaseException:
+            log.exception("the background writer stopped on an error; batches still queued are not sent")
+            started.set()
+            with self._lock:
+                self._settled.notify_all()
+            raise
 
     async def _main(self, started: threading.Event) -> None:
         self._loop = asyncio.get_running_loop()
