@@ -53,3 +53,23 @@ def test_one_owner(tmp_path):
         Spool(tmp_path / "agent.spool")
     first.close()
     Spool(tmp_path / "agent.spool").close()
+
+
+def test_reset_keeps_the_pending_batches_and_their_ids(tmp_path):
+    path = tmp_path / "agent.spool"
+    spool = Spool(path)
+    spool.load()
+    for i in (1, 2, 3):
+        spool.add(i, "conv-abcdefgh", b'[{"i":%d}]' % i)
+    spool.done(1, "conv-abcdefgh", 1)
+    before = spool.size
+    spool.reset(
+        [(2, SpooledBatch("conv-abcdefgh", b'[{"i":2}]')), (3, SpooledBatch("conv-abcdefgh", b'[{"i":3}]'))],
+        {"conv-abcdefgh": 1},
+    )
+    assert spool.size < before
+    spool.done(2, "conv-abcdefgh", 2)  # a DONE written after the rewrite still names its batch
+    spool.close()
+    again = Spool(path)
+    assert again.load() == ([SpooledBatch("conv-abcdefgh", b'[{"i":3}]')], {"conv-abcdefgh": 2})
+    again.close()

@@ -148,10 +148,11 @@ class Spool:
     def done(self, batch_id: int, conversation_id: str, next_seq: int | None) -> None:
         self._write(_record(_DONE, [batch_id, conversation_id, next_seq]))
 
-    def reset(self, positions: dict[str, int]) -> None:
-        """Nothing is pending: start the file again with the positions only (a crash mid-way leaves the old
-        file, whose every batch is settled, or the new one)."""
-        self._rewrite([], positions)
+    def reset(self, pending: list[tuple[int, SpooledBatch]], positions: dict[str, int]) -> None:
+        """Start the file again with only the ``pending`` batches (ids kept) and the positions: temp +
+        fsync + rename, so a crash mid-way leaves the old file or the new one, each with every batch not
+        settled."""
+        self._rewrite(pending, positions)
 
     def sync(self) -> None:
         if self._dirty and self._fd >= 0:

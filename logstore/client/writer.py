@@ -45,7 +45,7 @@ from logstore.core.models import SeqRange
 from .calls import ToolCalls, TransportFactory, encode_items
 from .errors import UNKNOWN, outcome_of
 from .options import BufferFull, Closed, Disposition, Failure, SpoolSync, WriterOptions, WriterStats
-from .spool import Spool
+from .spool import Spool, SpooledBatch
 
 __all__ = [
     "BackgroundWriter",
@@ -322,8 +322,16 @@ class BackgroundWriter:
             s.bytes -= len(batch.items_json)
             if self._spool is not None:
                 self._spool.done(batch.id, batch.conversation_id, s.positions.get(batch.conversation_id))
-                if not s.count and self._spool.size > self.options.spool_reset_bytes:
-                    self._spool.reset(s.positions)
+                size = self._spool.size
+                if (
+                    not s.count and size > self.options.spool_reset_bytes
+                ) or size > self.options.spool_max_bytes:
+                    pending = [
+                        (b.id, SpooledBatch(b.conversation_id, b.items_json))
+                        for q in s.queues.values()
+                        for b in q
+                    ]
+                    self._spool.reset(pending, s.positions)
             self._settled.notify_all()
         if failure is not None:
             self._report(failure)
