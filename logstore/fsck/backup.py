@@ -49,6 +49,7 @@ from ..file.locking import held
 from ..file.manifest_codec import Entry, generations
 from ..file.manifest_snapshot import encode_snapshot
 from ..file.scanner import ScanState, frame_at, scan_log
+from .backup_paths import resolve_backup_paths
 from .logdump import acknowledged_end
 
 __all__ = ["BackupReport", "backup", "has_conversations", "TOP_LEVEL_FILES"]
@@ -78,12 +79,10 @@ def backup(
     lock_timeout: float = 5.0,
     progress: Callable[[int, int], None] | None = None,
 ) -> BackupReport:
-    src = os.path.abspath(os.fspath(source))
-    dst = os.path.abspath(os.fspath(dest))
+    paths = resolve_backup_paths(source, dest)  # before anything is written (backup_paths)
+    src, dst = paths.source, paths.dest
     if not os.path.isdir(layout.sites_dir(src)):
         raise InvalidArgument(f"{src} is not a logstore data dir (no sites/ directory)", field="source")
-    if dst == src or dst.startswith(src + os.sep) or src.startswith(dst + os.sep):
-        raise InvalidArgument("the backup must be outside the data dir (and the data dir outside it)")
     ops = file_ops
     report = BackupReport(src, dst)
     ops.makedirs_durable(layout.sites_dir(dst))
