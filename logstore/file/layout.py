@@ -3,6 +3,8 @@
 
     <data_dir>/
       secret                                        key that signs list cursors (32 bytes)
+      store_id                                      this store's identity (32 hex digits; file.store_id)
+      backup_manifest.json                          in a backup only: what it holds (fsck.backup_manifest)
       credentials.json, credentials.lock            the site registry (logstore.file.credentials)
       sites/<site>/
         conversations/<h1>/<h2>/<id>.log            the record log (the truth)
@@ -29,6 +31,8 @@ __all__ = [
     "SECRET",
     "CREDENTIALS",
     "CREDENTIALS_LOCK",
+    "STORE_ID",
+    "BACKUP_MANIFEST",
     "COMPACT_LOCK",
     "LOG_SUFFIX",
     "INDEX_SUFFIX",
@@ -48,6 +52,8 @@ __all__ = [
     "secret_path",
     "credentials_path",
     "credentials_lock_path",
+    "store_id_path",
+    "backup_manifest_path",
     "conversation_paths",
     "log_path_function",
 ]
@@ -58,10 +64,13 @@ MANIFEST = "manifest"
 SECRET = "secret"
 CREDENTIALS = "credentials.json"
 CREDENTIALS_LOCK = "credentials.lock"
+STORE_ID = "store_id"
+BACKUP_MANIFEST = "backup_manifest.json"
 COMPACT_LOCK = "compact.lock"
 LOG_SUFFIX, INDEX_SUFFIX, LOCK_SUFFIX = ".log", ".idx", ".lock"
 CONVERSATION_SUFFIXES = (LOG_SUFFIX, INDEX_SUFFIX, LOCK_SUFFIX)
-TOP_LEVEL = frozenset({SITES, SECRET, CREDENTIALS, CREDENTIALS_LOCK})  # what a data dir holds
+# what a data dir holds (a backup also holds BACKUP_MANIFEST)
+TOP_LEVEL = frozenset({SITES, SECRET, CREDENTIALS, CREDENTIALS_LOCK, STORE_ID, BACKUP_MANIFEST})
 SITE_ENTRIES = (CONVERSATIONS, MANIFEST)  # what a site directory holds
 MANIFEST_KINDS = ("snapshot", "journal")
 
@@ -117,6 +126,14 @@ def credentials_path(data_dir: str) -> str:
 
 def credentials_lock_path(data_dir: str) -> str:
     return os.path.join(data_dir, CREDENTIALS_LOCK)
+
+
+def store_id_path(data_dir: str) -> str:
+    return os.path.join(data_dir, STORE_ID)
+
+
+def backup_manifest_path(data_dir: str) -> str:
+    return os.path.join(data_dir, BACKUP_MANIFEST)
 
 
 def conversation_paths(data_dir: str, site: str, conversation_id: str) -> ConversationPaths:

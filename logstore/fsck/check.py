@@ -31,6 +31,7 @@ from ..file import layout
 from ..file.fileio import OS_FILE_OPS, FileOps
 from ..file.layout import conversation_paths
 from ..file.manifest_codec import Entry
+from .backup_manifest import verify as verify_backup
 from .check_log import ConversationOutcome, check_conversation, current_entry
 from .check_manifest import ManifestView, describe_mismatch, stray_findings
 from .check_report import CheckContext, CheckReport, Finding, ProgressCallback, stray_kind
@@ -58,7 +59,8 @@ def check(
     root = os.path.abspath(os.fspath(data_dir))
     if not os.path.isdir(root):
         raise InvalidArgument(f"data dir {root} does not exist or is not a directory", field="data_dir")
-    if not os.path.isdir(layout.sites_dir(root)):  # every Store creates it: a wrong path, surely
+    is_backup = os.path.exists(layout.backup_manifest_path(root))  # an interrupted one may have no sites/
+    if not os.path.isdir(layout.sites_dir(root)) and not is_backup:  # every Store creates it: a wrong path
         raise InvalidArgument(f"{root} is not a logstore data dir (no sites/ directory)", field="data_dir")
     if site is not None:
         validate_site(site)
@@ -87,6 +89,15 @@ def check(
             continue  # the conversation has no files in this site
         report.sites += 1
         _check_site(ctx, name, plan, whole_site=conversation is None)
+    if not filtered and is_backup:
+        for problem in verify_backup(ctx.ops, root):  # a backup: is it whole? (backup_manifest)
+            ctx.found(
+                problem.kind,
+                problem.path,
+                problem.message,
+                site=problem.site,
+                conversation=problem.conversation,
+            )
     ctx.advance(0, force=True)
     report.elapsed = time.monotonic() - started
     return report

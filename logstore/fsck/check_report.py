@@ -63,6 +63,9 @@ KINDS: dict[str, str] = {
     "manifest-stale": ERROR,
     "manifest-damaged": ERROR,
     "missing-log": ERROR,  # the manifest lists items for a conversation whose log is gone
+    # a backup (backup_manifest.json present): `logstore backup` again makes it whole; repair cannot
+    "backup-incomplete": ERROR,  # interrupted, failed or skipped corrupt source logs: not restorable
+    "backup-mismatch": ERROR,  # its files disagree with its complete manifest (missing, changed, extra)
     # files
     "misplaced-file": ERROR,  # a conversation file in the wrong fan-out directory: invisible to the engine
     "orphan-file": WARNING,  # an index without its log, a superseded manifest generation
