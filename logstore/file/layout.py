@@ -10,6 +10,7 @@
         conversations/<h1>/<h2>/<id>.log            the record log (the truth)
         conversations/<h1>/<h2>/<id>.idx            sidecar seq index (a hint)
         conversations/<h1>/<h2>/<id>.lock           flock target, never deleted
+        conversations/<h1>/<h2>/<id>.erasing        an erasure in progress (file.erasure)
         manifest/snapshot.<gen>, journal.<gen>      the listing index (manifest_codec)
         manifest/compact.lock                       taken by the compactor only
 
@@ -37,6 +38,7 @@ __all__ = [
     "LOG_SUFFIX",
     "INDEX_SUFFIX",
     "LOCK_SUFFIX",
+    "ERASING_SUFFIX",
     "CONVERSATION_SUFFIXES",
     "TOP_LEVEL",
     "SITE_ENTRIES",
@@ -55,6 +57,7 @@ __all__ = [
     "store_id_path",
     "backup_manifest_path",
     "conversation_paths",
+    "erasure_marker_path",
     "log_path_function",
 ]
 
@@ -68,6 +71,7 @@ STORE_ID = "store_id"
 BACKUP_MANIFEST = "backup_manifest.json"
 COMPACT_LOCK = "compact.lock"
 LOG_SUFFIX, INDEX_SUFFIX, LOCK_SUFFIX = ".log", ".idx", ".lock"
+ERASING_SUFFIX = ".erasing"  # an erasure in progress (file.erasure); holds no data
 CONVERSATION_SUFFIXES = (LOG_SUFFIX, INDEX_SUFFIX, LOCK_SUFFIX)
 # what a data dir holds (a backup also holds BACKUP_MANIFEST)
 TOP_LEVEL = frozenset({SITES, SECRET, CREDENTIALS, CREDENTIALS_LOCK, STORE_ID, BACKUP_MANIFEST})
@@ -141,6 +145,11 @@ def conversation_paths(data_dir: str, site: str, conversation_id: str) -> Conver
     directory = os.path.join(data_dir, SITES, site, CONVERSATIONS, h1, h2)
     base = os.path.join(directory, conversation_id)
     return ConversationPaths(directory, base + LOG_SUFFIX, base + INDEX_SUFFIX, base + LOCK_SUFFIX)
+
+
+def erasure_marker_path(paths: ConversationPaths) -> str:
+    """``<id>.erasing`` beside the conversation's log: an erasure of it began and has not finished."""
+    return paths.log.removesuffix(LOG_SUFFIX) + ERASING_SUFFIX
 
 
 def log_path_function(data_dir: str, site: str) -> Callable[[str], str]:

@@ -62,15 +62,21 @@ class ConversationOutcome:
     items: int = 0
 
 
-def save_broken(ops: FileOps, path: str, fd: int, start: int, size: int) -> str:
-    """Copy bytes [start, size) of ``fd`` to a new ``<path>.broken-<UTC timestamp>``; fsync it and its
-    directory before returning, so the bytes a repair is about to remove are durable elsewhere first."""
+def broken_target(ops: FileOps, path: str) -> str:
+    """A new ``<path>.broken-<UTC timestamp>`` name (a repair keeps what it removes there)."""
     now = time.time()
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now)) + f"{int(now % 1 * 1e6):06d}Z"
     target, n = f"{path}.broken-{stamp}", 0
     while ops.exists(target):
         n += 1
         target = f"{path}.broken-{stamp}-{n}"
+    return target
+
+
+def save_broken(ops: FileOps, path: str, fd: int, start: int, size: int) -> str:
+    """Copy bytes [start, size) of ``fd`` to a new ``<path>.broken-<UTC timestamp>``; fsync it and its
+    directory before returning, so the bytes a repair is about to remove are durable elsewhere first."""
+    target = broken_target(ops, path)
     out = ops.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
     try:
         pos = start
