@@ -36,6 +36,7 @@ from .check_erasure import note_marker, orphan_index, settle_erasures
 from .check_log import ConversationOutcome, check_conversation, current_entry
 from .check_manifest import ManifestView, describe_mismatch, stray_findings
 from .check_report import CheckContext, CheckReport, Finding, ProgressCallback, stray_kind
+from .check_top import check_top_files
 
 __all__ = ["check", "CheckReport", "Finding"]
 
@@ -83,6 +84,7 @@ def check(
     filtered = site is not None or conversation is not None
     if not filtered:
         _check_top_level(ctx)
+        check_top_files(ctx, is_backup=is_backup)
     plans = [(name, _plan_site(ctx, name, conversation)) for name in _sites(ctx, site, strays=not filtered)]
     ctx.total_bytes = sum(size for _, plan in plans for size in plan.values())
     for name, plan in plans:

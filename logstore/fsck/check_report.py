@@ -73,6 +73,10 @@ KINDS: dict[str, str] = {
     # a backup (backup_manifest.json present): `logstore backup` again makes it whole; repair cannot
     "backup-incomplete": ERROR,  # interrupted, failed or skipped corrupt source logs: not restorable
     "backup-mismatch": ERROR,  # its files disagree with its complete manifest (missing, changed, extra)
+    # top-level files (check_top)
+    "credentials-damaged": ERROR,  # servers refuse every client; not repaired
+    "secret-damaged": ERROR,  # missing or not 32 bytes; repair writes a new one
+    "store-id-damaged": ERROR,  # not repaired (backups name it)
     # files
     "misplaced-file": ERROR,  # a conversation file in the wrong fan-out directory: invisible to the engine
     "orphan-file": WARNING,  # an index in the wrong fan-out directory, a superseded manifest generation
