@@ -232,9 +232,15 @@ def _check_locked(
             )
             continue
         kind = _REASON_KIND.get(seg.reason or "", seg.reason or "crc-mismatch")
+        if seg.reason == "incomplete" and i < len(scan.segments) - 1:
+            # The frame "runs past the end of the file", yet valid frames follow it: the file does not
+            # end inside it, its length field is damaged (a flipped byte). Not truncated-frame.
+            kind = "bad-length"
         seqs = lost if fixed and i == 0 else _affected(scan, i, evidence)
         if kind == "missing-frames":
             message = "the index proves acknowledged frames past the end of the log: they are gone"
+        elif kind == "bad-length" and seg.reason == "incomplete":
+            message = "a frame whose length runs past the end of the file, with valid frames after it"
         elif seg.reason == "seq-gap":
             message = "valid frames whose seqs do not follow each other"
         else:
