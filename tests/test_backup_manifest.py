@@ -226,14 +226,28 @@ class FailOnRead(FileOps):
         return super().pread(fd, size, offset)
 
 
-def test_a_failed_backup_is_refused_by_restore_and_fsck_until_a_run_completes(tmp_path):
+class FailOnSiteManifest(FileOps):
+    """The issue's other failed rerun: the site's manifest snapshot cannot be put in place (ENOSPC), so
+    the destination is left with a site without a manifest."""
+
+    def rename(self, src, dst):
+        if "/manifest/snapshot." in dst:
+            raise OSError(errno.ENOSPC, "injected ENOSPC", dst)
+        return super().rename(src, dst)
+
+
+@pytest.mark.parametrize("failure", ["unreadable-log", "site-manifest"])
+def test_a_failed_backup_is_refused_by_restore_and_fsck_until_a_run_completes(tmp_path, failure):
     src, dst = str(tmp_path / "data"), str(tmp_path / "backup")
     acked = fill(src)
     assert backup(src, dst).corrupt == []
     fill(src, rounds=1)  # more to copy, so the next run reads the victim past its start
     victim = conversation_paths(os.path.realpath(src), SITE, CIDS[5]).log
+    failing = FailOnRead(victim) if failure == "unreadable-log" else FailOnSiteManifest()
     with pytest.raises(OSError):
-        backup(src, dst, file_ops=FailOnRead(victim))
+        backup(src, dst, file_ops=failing)
+    result = logstore("restore", dst, "--data-dir", str(tmp_path / "cli"))
+    assert result.returncode == 2 and "did not complete" in result.stderr
     with pytest.raises(InvalidArgument, match="did not complete"):
         restore(dst, str(tmp_path / "r"))
     assert not os.path.exists(tmp_path / "r")
