@@ -103,7 +103,7 @@ _CHILD = """
 import os, sys
 sys.path.insert(0, {repo!r})
 from logstore.file.fileio import FileOps
-from logstore.fsck.backup import backup
+from logstore.fsck.backup import backup, restore
 
 class DieAt(FileOps):
     # kill -9 at the n-th call that changes the destination: nothing after it runs, no cleanup
@@ -128,7 +128,7 @@ class DieAt(FileOps):
             self._point(path)
         return super().open(path, flags, mode)
 
-backup({src!r}, {dest!r}, file_ops=DieAt(int(sys.argv[1])))
+{func}({src!r}, {dest!r}, file_ops=DieAt(int(sys.argv[1])))
 print("finished")
 """
 
@@ -165,7 +165,9 @@ def test_a_killed_backup_never_restores_and_the_next_run_completes_it(tmp_path):
     backup(src, str(tmp_path / "probe"), file_ops=ops)  # how many crash points a whole run has
     assert ops.points > 40
     script = tmp_path / "child.py"
-    script.write_text(_CHILD.format(repo=str(REPO), src=os.path.realpath(src), dest=os.path.realpath(dst)))
+    script.write_text(
+        _CHILD.format(repo=str(REPO), func="backup", src=os.path.realpath(src), dest=os.path.realpath(dst))
+    )
     killed = 0
     whole: dict[str, int] | None = None  # the oracle of the backup dst holds whole (acked before it began)
     with _Appender(src, acked) as writer:
@@ -346,3 +348,33 @@ def test_the_store_id_is_created_once_whoever_races(tmp_path):
     ]
     ids |= {p.communicate(timeout=60)[0].strip() for p in procs}
     assert len(ids) == 1 and sorted(os.listdir(d)) == ["store_id"]
+
+
+def test_a_killed_restore_is_reported_partial_and_a_rerun_completes_it(tmp_path):
+    src, dst, target = str(tmp_path / "data"), str(tmp_path / "backup"), str(tmp_path / "restored")
+    acked = fill(src)
+    backup(src, dst)
+    script = tmp_path / "child.py"
+    real = os.path.realpath(str(tmp_path))
+    script.write_text(
+        _CHILD.format(
+            repo=str(REPO),
+            func="restore",
+            src=os.path.join(real, "backup"),
+            dest=os.path.join(real, "restored"),
+        )
+    )
+    child = subprocess.run([sys.executable, str(script), "30"], capture_output=True, text=True)
+    assert child.returncode == 137, child.stderr
+    report = check(target)  # a partial data dir never passes for whole
+    assert "backup-incomplete" in kinds(report)
+    assert "restore from" in next(f.message for f in report.findings if f.kind == "backup-incomplete")
+    again = logstore("restore", dst, "--data-dir", target)  # the same restore again completes it
+    assert again.returncode == 0, again.stderr
+    assert not os.path.exists(backup_manifest_path(target))
+    assert check(target).exit_code == 0
+    assert_holds(target, src, acked)
+    other = str(tmp_path / "other-backup")
+    backup(src, other)
+    refused = logstore("restore", other, "--data-dir", target)  # never two histories
+    assert refused.returncode == 2 and "already holds conversations" in refused.stderr

@@ -60,6 +60,7 @@ from .backup_manifest import (
     destination_owner,
     digest,
     log_files,
+    read_manifest,
     scan_counting,
     site_names,
     utc_now,
@@ -145,9 +146,10 @@ def restore(
     lock_timeout: float = 5.0,
     progress: Callable[[int, int], None] | None = None,
 ) -> BackupReport:
-    """Copy a whole backup into a data dir that holds no conversation yet. ``InvalidArgument``, before
-    anything is written: overlapping paths, a backup that is not whole (``backup_manifest.verify``, naming
-    what is missing or different), a data dir that already holds conversations."""
+    """Copy a whole backup into a data dir that holds no conversation yet (or a partial restore of this
+    same backup, which is completed). ``InvalidArgument``, before anything is written: overlapping paths,
+    a backup that is not whole (``backup_manifest.verify``, naming what is missing or different), a data
+    dir that already holds conversations. The data dir holds a restore marker until the copy is done."""
     paths = resolve_backup_paths(backup_dir, data_dir)
     src, dst, ops = paths.source, paths.dest, file_ops
     problems = verify(ops, src)
@@ -155,12 +157,24 @@ def restore(
         raise InvalidArgument(
             f"{src} is not a whole backup; nothing was restored:\n  {describe(problems)}", field="source"
         )
-    if has_conversations(dst):
+    whole = read_manifest(ops, src)
+    assert whole is not None  # verified
+    try:
+        marker = read_manifest(ops, dst)
+    except ValueError:
+        marker = None
+    resuming = marker is not None and marker.restoring_from == src and marker.store_id == whole.store_id
+    if has_conversations(dst) and not resuming:
         raise InvalidArgument(
             f"data dir {dst} already holds conversations; restore into a new or empty data dir", field="dest"
         )
     ops.makedirs_durable(layout.sites_dir(dst))
-    return _copy_data_dir(ops, src, dst, lock_timeout=lock_timeout, progress=progress).report
+    # Until the copy is done the data dir says it is partial (fsck: backup-incomplete; a rerun resumes).
+    write_manifest(ops, dst, BackupManifest(whole.store_id, utc_now(), restoring_from=src))
+    report = _copy_data_dir(ops, src, dst, lock_timeout=lock_timeout, progress=progress).report
+    ops.unlink(layout.backup_manifest_path(dst))
+    ops.fsync_dir(dst)
+    return report
 
 
 def _require_data_dir(root: str) -> None:

@@ -14,6 +14,10 @@ replaced by one that says ``"complete": false`` (and names the source store); on
 site manifest and top-level file is durable is it replaced (atomically) by the complete one. So at every
 instant the destination holds either a complete manifest that matches its files, or an incomplete one.
 
+``restore`` writes the same file into the data dir it fills, with ``"restoring_from"`` set, and removes it
+when done: a restore killed midway leaves a data dir that ``fsck`` reports as incomplete and that a rerun
+of the same restore completes (instead of refusing it for holding conversations).
+
 Rules (``destination_owner`` and ``verify``, one home for both ``restore`` and ``fsck``):
 - a destination is empty, or holds a manifest naming the store being backed up; anything else is refused;
 - a backup is whole when its manifest is complete, every log it lists is there with that size, frame count
@@ -78,6 +82,7 @@ class BackupManifest:
     logs: dict[str, LogRecord] = field(default_factory=dict)  # "site/conversation" -> record
     sites: tuple[str, ...] = ()
     corrupt: tuple[str, ...] = ()
+    restoring_from: str | None = None  # set in a data dir while ``restore`` fills it (removed when done)
 
     def encode(self) -> bytes:
         body: dict[str, Any] = {
@@ -91,6 +96,7 @@ class BackupManifest:
             "logs": {k: [r.size, r.frames, r.next_seq] for k, r in sorted(self.logs.items())},
             "sites": sorted(self.sites),
             "corrupt": list(self.corrupt),
+            "restoring_from": self.restoring_from,
         }
         return json.dumps(body, separators=(",", ":")).encode() + b"\n"
 
@@ -110,6 +116,7 @@ class BackupManifest:
                 logs={str(k): LogRecord(int(a), int(b), int(c)) for k, (a, b, c) in body["logs"].items()},
                 sites=tuple(str(s) for s in body["sites"]),
                 corrupt=tuple(str(c) for c in body["corrupt"]),
+                restoring_from=body.get("restoring_from"),
             )
         except (KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
             raise ValueError(f"damaged: {exc!r}") from exc
@@ -184,6 +191,15 @@ def verify(ops: FileOps, root: str) -> list[Problem]:
                 path,
                 f"no {layout.BACKUP_MANIFEST}: not a complete backup made by `logstore backup` (a first "
                 "run that was interrupted, or not a backup at all)",
+            )
+        ]
+    if manifest.restoring_from is not None:
+        return [
+            Problem(
+                INCOMPLETE,
+                path,
+                f"a restore from {manifest.restoring_from} started {manifest.started} did not complete: "
+                f"this data dir is partial. Run `logstore restore {manifest.restoring_from}` again",
             )
         ]
     if not manifest.complete:
