@@ -378,3 +378,21 @@ def test_a_killed_restore_is_reported_partial_and_a_rerun_completes_it(tmp_path)
     backup(src, other)
     refused = logstore("restore", other, "--data-dir", target)  # never two histories
     assert refused.returncode == 2 and "already holds conversations" in refused.stderr
+
+
+def test_one_backup_at_a_time_writes_into_a_destination(tmp_path):
+    import fcntl
+
+    src, dst = str(tmp_path / "data"), str(tmp_path / "backup")
+    fill(src, CIDS[:2])
+    backup(src, dst)
+    fd = os.open(dst, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # as a running backup holds it
+        before = tree(dst)
+        result = logstore("backup", dst, "--data-dir", src)
+        assert result.returncode == 2 and "another backup or restore is writing" in result.stderr
+        assert tree(dst) == before
+    finally:
+        os.close(fd)
+    assert logstore("backup", dst, "--data-dir", src).returncode == 0

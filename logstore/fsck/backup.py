@@ -29,9 +29,11 @@ marked incomplete, naming them: ``logstore fsck`` the source, then back up again
 
 from __future__ import annotations
 
+import fcntl
 import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -103,26 +105,51 @@ def backup(
     paths = resolve_backup_paths(source, dest)  # before anything is written (backup_paths)
     src, dst, ops = paths.source, paths.dest, file_ops
     _require_data_dir(src)
-    owner = destination_owner(ops, dst)
     try:
-        store_id = read_store_id(ops, src) if owner is not None else None
+        _check_owner(ops, dst, read_store_id(ops, src))
+        store_id = ensure_store_id(ops, src)
     except StoreIdDamaged as exc:
         raise InvalidArgument(f"{exc}: run `logstore fsck` on the data dir", field="source") from exc
+    started = utc_now()
+    ops.makedirs_durable(dst)
+    with _exclusive(dst):
+        _check_owner(ops, dst, store_id)  # again, now that no other backup or restore can write there
+        # The first write to the destination: from here on it says "incomplete" until the last write.
+        write_manifest(ops, dst, BackupManifest(store_id, started))
+        copied = _copy_data_dir(ops, src, dst, lock_timeout=lock_timeout, progress=progress)
+        _finish(ops, dst, store_id, started, copied)
+    return copied.report
+
+
+def _check_owner(ops: FileOps, dst: str, store_id: str | None) -> None:
+    """Refuse a destination that is neither empty nor a backup of the store ``store_id``."""
+    owner = destination_owner(ops, dst)
     if owner is not None and store_id != owner:
         raise InvalidArgument(
             f"the backup destination {dst} holds a backup of another store (store id {owner}; this data "
             f"dir's is {store_id or 'not set'}): refusing to overwrite it. Use an empty or new directory",
             field="dest",
         )
+
+
+@contextmanager
+def _exclusive(dst: str) -> Iterator[None]:
+    """One backup or restore at a time writes into ``dst`` (a flock on the directory itself: no file is
+    added to it, and the lock goes with the process however it ends)."""
+    fd = os.open(dst, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        store_id = ensure_store_id(ops, src)
-    except StoreIdDamaged as exc:
-        raise InvalidArgument(f"{exc}: run `logstore fsck` on the data dir", field="source") from exc
-    started = utc_now()
-    ops.makedirs_durable(dst)
-    # The first write to the destination: from here on it says "incomplete" until the last write.
-    write_manifest(ops, dst, BackupManifest(store_id, started))
-    copied = _copy_data_dir(ops, src, dst, lock_timeout=lock_timeout, progress=progress)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise InvalidArgument(
+                f"another backup or restore is writing to {dst}: wait for it to finish", field="dest"
+            ) from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def _finish(ops: FileOps, dst: str, store_id: str, started: str, copied: _TreeCopy) -> None:
     report = copied.report
     finished = BackupManifest(
         store_id,
@@ -135,7 +162,6 @@ def backup(
         corrupt=tuple(report.corrupt),
     )
     write_manifest(ops, dst, finished)
-    return report
 
 
 def restore(
@@ -169,11 +195,12 @@ def restore(
             f"data dir {dst} already holds conversations; restore into a new or empty data dir", field="dest"
         )
     ops.makedirs_durable(layout.sites_dir(dst))
-    # Until the copy is done the data dir says it is partial (fsck: backup-incomplete; a rerun resumes).
-    write_manifest(ops, dst, BackupManifest(whole.store_id, utc_now(), restoring_from=src))
-    report = _copy_data_dir(ops, src, dst, lock_timeout=lock_timeout, progress=progress).report
-    ops.unlink(layout.backup_manifest_path(dst))
-    ops.fsync_dir(dst)
+    with _exclusive(dst):
+        # Until the copy is done the data dir says it is partial (fsck: backup-incomplete; a rerun resumes).
+        write_manifest(ops, dst, BackupManifest(whole.store_id, utc_now(), restoring_from=src))
+        report = _copy_data_dir(ops, src, dst, lock_timeout=lock_timeout, progress=progress).report
+        ops.unlink(layout.backup_manifest_path(dst))
+        ops.fsync_dir(dst)
     return report
 
 
