@@ -37,6 +37,7 @@ from enum import Enum
 
 from ..core.ids import is_valid_id, validate_conversation_id, validate_site
 from . import layout
+from .commit_point import invalidate
 from .fileio import OS_FILE_OPS, FileOps
 from .layout import ConversationPaths, conversation_paths
 from .locking import held
@@ -138,6 +139,7 @@ def _erase(
                     ops.unlink(marker)
                     ops.fsync_dir(paths.directory)
                     return Finished.MARKER_ONLY
+            invalidate(ops, paths.lock)  # before anything goes: no reader serves from the old log after
             keep = {os.path.basename(p) for p in (paths.log, paths.lock, marker)}
             prefix = cid + "."  # ids never contain '.', so the prefix names this conversation only
             had_log = ops.exists(paths.log)
