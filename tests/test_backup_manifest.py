@@ -206,7 +206,7 @@ def test_a_killed_backup_never_restores_and_the_next_run_completes_it(tmp_path):
             assert done.returncode == 0, (n, done.stderr)
             assert check(restored).exit_code == 0
             assert_holds(restored, src, whole)
-    assert killed >= 5
+    assert killed >= 4  # the first points always kill; the last ones may fall after a shorter rerun ends
 
 
 class FailOnRead(FileOps):
