@@ -383,6 +383,19 @@ class FaultFS(FileOps):
                     sp.dir_pending.append(("rename", sname, dname))
             self._point()
 
+    def link(self, src: str, dst: str) -> None:
+        src, dst = os.path.abspath(src), os.path.abspath(dst)
+        with self._mutex:
+            self._begin("link", dst)
+            os.link(src, dst)
+            node = self._live.get(src)
+            if node is not None:
+                self._live[dst] = node
+                parent, name = self._parent(dst)
+                if parent is not None:
+                    parent.dir_pending.append(("link", name, node))
+            self._point()
+
     def unlink(self, path: str) -> None:
         path = os.path.abspath(path)
         with self._mutex:

@@ -11,10 +11,11 @@ import threading
 import time
 
 from logstore import Store
+from logstore.core.errors import InvalidArgument
 from logstore.file.erasure import erase_conversation
 from logstore.file.fileio import OS_FILE_OPS
 from logstore.file.layout import conversation_paths
-from logstore.fsck.backup import backup
+from logstore.fsck.backup import backup, restore
 from logstore.fsck.check import check
 from logstore.fsck.logdump import export_items
 from tests.faultfs import NO_SYNC_OPS, materialize, scratch_dir
@@ -144,6 +145,8 @@ def test_power_loss_during_a_backup_is_completed_by_the_next_run(tmp_path):
             for cid in CIDS[:4]:  # three incremental copies and a new one
                 store.append(SITE, cid, [{"later": True}])
         wanted = {cid: export(src, cid) for cid in CIDS[:4]}
+        first = {cid: export(dst, cid) for cid in CIDS[:4]}
+        outcomes = {"refused": 0, "restored": 0}
         images = crash_images(lambda fs: backup(src, dst, file_ops=fs), base)
         assert len(images) > 20
         for k, image in enumerate(images):
@@ -152,12 +155,24 @@ def test_power_loss_during_a_backup_is_completed_by_the_next_run(tmp_path):
                 materialize(image, scratch)
                 s2, d2 = os.path.join(scratch, "data"), os.path.join(scratch, "backup")
                 assert {cid: export(s2, cid) for cid in CIDS[:4]} == wanted, f"image {k}: source changed"
+                # Restore either refuses the image, or what it restores is a whole backup: every listed
+                # conversation as in the source, and nothing missing (the first backup's, or this one's).
+                r2 = os.path.join(scratch, "restored")
+                try:
+                    restore(d2, r2, file_ops=NO_SYNC_OPS)
+                except InvalidArgument:
+                    outcomes["refused"] += 1
+                else:
+                    got = {cid: export(r2, cid) for cid in CIDS[:4]}
+                    assert got in (wanted, first), f"image {k}: restored a partial backup"
+                    outcomes["restored"] += 1
                 backup(s2, d2, file_ops=NO_SYNC_OPS)
                 report = check(d2)
                 assert report.exit_code == 0, (k, [f.to_dict() for f in report.findings])
                 assert {cid: export(d2, cid) for cid in CIDS[:4]} == wanted, f"image {k}"
             finally:
                 shutil.rmtree(scratch, ignore_errors=True)
+        assert outcomes["refused"] and outcomes["restored"], outcomes
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
@@ -185,4 +200,6 @@ def test_a_corrupt_source_log_is_reported_and_its_last_good_copy_kept(tmp_path):
     assert result.returncode == 4 and f"local/{CIDS[1]}" in result.stderr
     assert export(dst, CIDS[1]) == good  # kept, not removed and not half-updated
     assert export(dst, CIDS[2]) == export(src, CIDS[2])
-    assert check(dst).exit_code == 0
+    report = check(dst)  # whole except that it is marked incomplete: restore refuses it (naming the log)
+    assert {f.kind for f in report.findings if f.severity == "error"} == {"backup-incomplete"}
+    assert f"local/{CIDS[1]}" in report.findings[-1].message

@@ -201,6 +201,16 @@ def bad_length_mid(w: World) -> Expect:
     )
 
 
+def length_byte_flipped_mid(w: World) -> Expect:
+    """Issue 21: a flipped length byte makes a middle frame claim to run past the end of the file. Valid
+    frames follow it, so the file does not end inside it: bad-length, not truncated-frame."""
+    frame = w.frames()[1]
+    flip_byte(w.paths().log, frame.offset + 10, 0x01)  # +64 KiB: still a plausible length
+    return Expect(
+        "bad-length", w.rel(w.paths().log), frame.offset, (3, 5), exit_repair=4, corrupt_after_repair=True
+    )
+
+
 def seq_gap(w: World) -> Expect:
     frame = w.frames()[-1]
     rewrite_frame(w.paths().log, frame.offset, first_seq=20)
@@ -275,7 +285,7 @@ def manifest_claims_too_much(w: World) -> Expect:
 def orphan_index(w: World) -> Expect:
     paths = conversation_paths(w.data_dir, SITE, "conv-zzzz99")
     create(paths.index, b"")
-    return Expect("orphan-file", w.rel(paths.index), None, None, exit_check=0, exit_repair=0)
+    return Expect("orphan-index", w.rel(paths.index), None, None)  # an error: repair moves it aside
 
 
 def unknown_file(w: World) -> Expect:
@@ -322,6 +332,7 @@ CASES: list[Callable[[World], Expect]] = [
     bad_magic_mid,
     zeroed_mid,
     bad_length_mid,
+    length_byte_flipped_mid,
     seq_gap,
     timestamp_regression,
     index_deleted,

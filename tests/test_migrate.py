@@ -278,9 +278,9 @@ def test_site_commands_and_export_on_postgres(postgres_server, capsys, monkeypat
     assert verify_password(PostgresRegistry(url).load()["acme"], password)
     assert main(["site", "passwd", "acme"]) == 0
     assert not verify_password(PostgresRegistry(url).load()["acme"], password)
-    assert main(["site", "remove", "acme", "--purge"]) == 2
-    assert "file store" in capsys.readouterr().err
-    assert main(["site", "remove", "acme"]) == 0 and PostgresRegistry(url).sites() == []
+    assert main(["site", "remove", "acme", "--purge", "--grace", "0"]) == 0  # PostgreSQL erases too (#21)
+    assert "credentials revoked, 0 conversation(s) erased" in capsys.readouterr().out
+    assert PostgresRegistry(url).sites() == []
     assert main(["site", "list", "--store", "mysql://x"]) == 2
     with PostgresStore(url) as store:
         store.append("acme", "conv-0001", [{"a": 1}, {"b": [2]}])

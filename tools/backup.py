@@ -1,14 +1,16 @@
 """``logstore backup DEST`` and ``logstore restore BACKUP``: online incremental copies (logstore.fsck.backup).
 
 Exit codes: 0 done, 1 failed (an operational error; the destination is completed by the next run),
-2 bad argument, 4 done except for corrupt source logs it names (run ``logstore fsck`` on the source).
+2 bad argument: nothing was written (a destination that overlaps the data dir however spelled, one that
+is neither empty nor a backup of this store; for restore, a backup that is not whole, or a data dir that
+holds conversations), 4 done except for corrupt source logs it names (run ``logstore fsck`` on the
+source; the backup stays marked incomplete until a run copies them).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 __all__ = ["register", "cmd_backup", "cmd_restore"]
@@ -25,7 +27,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         description="Copy the data dir into DEST, an ordinary data dir, while servers keep writing: every "
         "batch acknowledged before the backup started is in it, and it passes fsck. When DEST holds an "
         "earlier backup only what was appended since is copied; conversations erased since are removed "
-        "from it. Exit: 0 done, 1 failed (run it again), 2 bad argument, 4 corrupt source logs skipped.",
+        "from it. DEST must be empty or an earlier backup of this data dir, and must not overlap it "
+        "however spelled (symlink, bind mount, ..). backup_manifest.json is written last: until then "
+        "the backup is marked incomplete. Exit: 0 done, 1 failed (run it again), 2 refused (nothing "
+        "written), 4 corrupt source logs skipped (the backup stays incomplete).",
     )
     bk.add_argument("dest", metavar="DEST", help="backup directory (created if needed)")
     add_data_dir_argument(bk)
@@ -36,9 +41,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "restore",
         help="copy a backup back into an empty data dir",
         description="Copy BACKUP (made by `logstore backup`) into the data dir, which must not hold any "
-        "conversation yet (stop the servers; move the damaged data dir aside first). Equivalent to "
-        "copying the backup directory back with cp -a. Exit: 0 done, 1 failed, 2 bad argument or a "
-        "non-empty data dir.",
+        "conversation yet (stop the servers; move the damaged data dir aside first). The backup must be "
+        "whole: its backup_manifest.json complete and every file matching it (else nothing is restored "
+        "and what is missing is named). Exit: 0 done, 1 failed, 2 not a whole backup, or a data dir "
+        "that holds conversations.",
     )
     rs.add_argument("backup_dir", metavar="BACKUP", help="a directory written by `logstore backup`")
     add_data_dir_argument(rs)
@@ -55,13 +61,14 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 def _run(command: str, args: argparse.Namespace, source: str, dest: str) -> int:
     from logstore.core.errors import InvalidArgument
-    from logstore.fsck.backup import backup
+    from logstore.fsck.backup import backup, restore
 
     from .fsck import ProgressBar
 
     bar = ProgressBar(sys.stderr) if not args.json and sys.stderr.isatty() else None
+    copy = backup if command == "backup" else restore
     try:
-        report = backup(source, dest, lock_timeout=args.lock_timeout, progress=bar)
+        report = copy(source, dest, lock_timeout=args.lock_timeout, progress=bar)
     except InvalidArgument as exc:
         print(f"logstore {command}: {exc}", file=sys.stderr)
         return 2
@@ -86,17 +93,4 @@ def cmd_backup(args: argparse.Namespace) -> int:
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
-    from logstore.file.layout import sites_dir
-    from logstore.fsck.backup import has_conversations
-
-    if not os.path.isdir(sites_dir(args.backup_dir)):
-        print(f"logstore restore: {args.backup_dir} is not a backup (no sites/ directory)", file=sys.stderr)
-        return 2
-    if has_conversations(args.data_dir):
-        print(
-            f"logstore restore: data dir {args.data_dir} already holds conversations; restore into a new "
-            "or empty data dir",
-            file=sys.stderr,
-        )
-        return 2
     return _run("restore", args, args.backup_dir, args.data_dir)

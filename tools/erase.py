@@ -1,4 +1,5 @@
-"""``logstore conversation delete``: erase one conversation (right to erasure; logstore.file.erasure).
+"""``logstore conversation delete``: erase one conversation (right to erasure) of a file store
+(logstore.file.erasure) or a PostgreSQL one (``--store postgresql://...``; logstore.postgres.erasure).
 
 Exit codes: 0 erased, 1 no such conversation (nothing was on disk) or the lock stayed busy, 2 bad argument.
 """
@@ -12,7 +13,7 @@ __all__ = ["register", "cmd_delete"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from .cli import add_data_dir_argument
+    from .cli import add_store_argument
 
     conv = subparsers.add_parser(
         "conversation",
@@ -34,7 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     delete.add_argument(
         "--lock-timeout", type=float, default=5.0, help="seconds to wait for the conversation lock"
     )
-    add_data_dir_argument(delete)
+    add_store_argument(delete)
     delete.set_defaults(func=cmd_delete)
 
 
@@ -42,26 +43,41 @@ def cmd_delete(args: argparse.Namespace) -> int:
     import os
 
     from logstore.core.errors import InvalidArgument, InvalidConversationId, Timeout
-    from logstore.file.erasure import erase_conversation
+    from logstore.core.factory import parse_store_url
 
-    if not os.path.isdir(args.data_dir):
-        print(f"logstore conversation delete: no data dir at {args.data_dir}", file=sys.stderr)
+    from .cli import store_url_of
+
+    try:
+        url = store_url_of(args)
+        scheme, rest = parse_store_url(url)
+    except ValueError as exc:
+        print(f"logstore conversation delete: {exc}", file=sys.stderr)
+        return 2
+    if scheme == "file" and not os.path.isdir(rest):
+        print(f"logstore conversation delete: no data dir at {rest}", file=sys.stderr)
         return 1
     try:
-        result = erase_conversation(
-            args.data_dir, args.site, args.conversation_id, lock_timeout=args.lock_timeout
-        )
+        if scheme == "file":
+            from logstore.file.erasure import erase_conversation
+
+            result = erase_conversation(rest, args.site, args.conversation_id, lock_timeout=args.lock_timeout)
+            found, detail = result.had_log or bool(result.files_removed), f"{result.files_removed} file(s)"
+        else:
+            from logstore.postgres.erasure import erase_conversation as erase_rows
+
+            found = erase_rows(url, args.site, args.conversation_id, lock_timeout=args.lock_timeout)
+            detail = "one transaction"
     except (InvalidArgument, InvalidConversationId) as exc:
         print(f"logstore conversation delete: {exc}", file=sys.stderr)
         return 2
     except Timeout as exc:
         print(f"logstore conversation delete: {exc}; nothing was erased", file=sys.stderr)
         return 1
-    if not result.had_log and not result.files_removed:
+    if not found:
         print(
             f"logstore conversation delete: no conversation {args.conversation_id} in site {args.site}",
             file=sys.stderr,
         )
         return 1
-    print(f"erased conversation {args.conversation_id} of site {args.site} ({result.files_removed} file(s))")
+    print(f"erased conversation {args.conversation_id} of site {args.site} ({detail})")
     return 0

@@ -2,7 +2,8 @@
 ``logstore.fsck.logdump`` (docs/FSCK.md).
 
 Exit codes (e2fsck's; fsck ORs them): 0 clean, 1 errors found and all corrected, 4 errors left
-uncorrected, 8 operational error (bad path or argument, lock timeout, permission, I/O). ``dump`` exits 4
+uncorrected, 8 operational error (bad path or argument, lock timeout, permission, I/O), 16 an erasure was
+interrupted (no data lost: run the delete again, or ``--repair`` to finish it). ``dump`` exits 4
 if it shows a bad frame; ``export`` exits 4 if it stops at corruption.
 """
 
@@ -32,7 +33,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "fsck",
         help="verify (and --repair) a data dir: frames, seqs, indexes, manifests, files",
         description="Verify a data dir; safe while servers run on it (docs/FSCK.md). Exit: 0 clean, "
-        "1 all errors corrected, 4 errors left, 8 operational error (OR-ed, as e2fsck).",
+        "1 all errors corrected, 4 errors left, 8 operational error, 16 an interrupted erasure (run the "
+        "delete again or --repair) (OR-ed, as e2fsck).",
     )
     fsck.add_argument("data_dir_positional", nargs="?", metavar="DATA_DIR", help="same as --data-dir")
     add_data_dir_argument(fsck, default=False)
@@ -41,7 +43,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     fsck.add_argument(
         "--repair",
         action="store_true",
-        help="cut torn tails (bytes saved to <log>.broken-<time>), rebuild indexes and manifests",
+        help="cut torn tails (bytes saved to <log>.broken-<time>), rebuild indexes and manifests, finish "
+        "interrupted erasures, move an index without its log aside",
     )
     fsck.add_argument(
         "--truncate-corrupt",
@@ -202,6 +205,8 @@ def _summary_line(report: CheckReport) -> str:
     )
     if s["operational"]:
         text += f", {s['operational']} operational problem(s)"
+    if s["unfinished"]:
+        text += f", {s['unfinished']} interrupted erasure(s)"
     return text
 
 

@@ -4,8 +4,8 @@
 
 ``site add`` prints the password alone on the last line of stdout, so scripts can take ``| tail -n1``.
 Removing a site revokes its credentials only; its stored conversations stay on disk (and become reachable
-again if a site of the same name is added later) unless ``--purge`` erases them too (logstore.file.erasure;
-file stores only).
+again if a site of the same name is added later) unless ``--purge`` erases them too (logstore.file.erasure,
+logstore.postgres.erasure).
 
 Exit codes: 0 done, 1 failed (site exists / unknown, data dir missing or unusable), 2 bad argument.
 """
@@ -163,8 +163,6 @@ def cmd_remove(args: argparse.Namespace) -> int:
 
     try:
         registry, data_dir = _registry(args)
-        if args.purge and data_dir is None:
-            raise ValueError("--purge erases a file store's data only; this store is not a data dir")
     except ValueError as exc:
         return _usage("remove", exc)
     try:
@@ -179,17 +177,27 @@ def cmd_remove(args: argparse.Namespace) -> int:
     if not args.purge:
         print(f"removed site '{args.name}' (its credentials are revoked; its data stays in the store)")
         return 0
-    from logstore.file.erasure import purge_site
-
-    assert data_dir is not None
     if revoked and args.grace > 0:
         time.sleep(args.grace)
-    erased = purge_site(data_dir, args.name)
+    erased = _purge(args, data_dir)
     if not revoked and not erased:
         print(f"logstore site remove: no site '{args.name}' and no data for it", file=sys.stderr)
         return 1
     print(f"removed site '{args.name}': credentials revoked, {erased} conversation(s) erased")
     return 0
+
+
+def _purge(args: argparse.Namespace, data_dir: str | None) -> int:
+    """Erase every conversation of the site: a data dir's files, or a PostgreSQL store's rows."""
+    if data_dir is not None:
+        from logstore.file.erasure import purge_site
+
+        return purge_site(data_dir, args.name)
+    from logstore.postgres.erasure import purge_site as purge_rows
+
+    from .cli import store_url_of
+
+    return purge_rows(store_url_of(args), args.name)
 
 
 def cmd_passwd(args: argparse.Namespace) -> int:

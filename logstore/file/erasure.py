@@ -2,6 +2,11 @@
 
 Erasing a conversation, under its lock (``locking.held(paths.lock)``: the flock every append takes):
 
+0. write the marker ``<id>.erasing`` (``layout.erasure_marker_path``; fsynced, directory fsynced): it
+   holds the first bytes of the log being erased (its identity: the first frame's header and time), so
+   that fsck can tell "an erasure was interrupted here: finish it" from data loss (``fsck --repair``
+   finishes it: ``finish_erasure``), and a log created after the erasure committed from the log it was
+   meant to erase;
 1. unlink its other files (index, ``.broken-*`` bytes a repair saved, temp files), directory fsync —
    the index goes first: an index left without its log would describe a later log of the same id;
 2. unlink the log, directory fsync — the commit point: before it the conversation is whole (an index
@@ -9,7 +14,8 @@ Erasing a conversation, under its lock (``locking.held(paths.lock)``: the flock 
 3. append an erasure record to the site's manifest journal (fdatasynced), so the listing of every
    process drops it. A crash before this record leaves a manifest entry whose log is gone; every
    ``Store`` drops it when it loads the manifest (reconciliation), and running the erasure again writes
-   the record.
+   the record;
+4. unlink the marker, directory fsync.
 
 Other processes may hold the conversation open (``serve --workers N``). Their next append takes the same
 lock and refreshes against the file; the refresh sees that the path no longer names their open log
@@ -27,16 +33,27 @@ from __future__ import annotations
 import errno
 import os
 from dataclasses import dataclass
+from enum import Enum
 
 from ..core.ids import is_valid_id, validate_conversation_id, validate_site
 from . import layout
 from .commit_point import invalidate
 from .fileio import OS_FILE_OPS, FileOps
-from .layout import conversation_paths
+from .layout import ConversationPaths, conversation_paths
 from .locking import held
 from .manifest import SiteManifest
 
-__all__ = ["ErasureResult", "erase_conversation", "purge_site", "site_conversations"]
+__all__ = [
+    "ErasureResult",
+    "Finished",
+    "erase_conversation",
+    "finish_erasure",
+    "marker_names_log",
+    "purge_site",
+    "site_conversations",
+]
+
+_IDENTITY_BYTES = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,34 +74,110 @@ def erase_conversation(
     """Remove the conversation's files (crash-safe, module docstring). Raises ``Timeout`` if its lock is
     busy for ``lock_timeout`` seconds; erasing a conversation that is not there is a no-op (it still
     writes the manifest record, which completes an erasure a crash interrupted)."""
+    result = _erase(data_dir, site, conversation_id, file_ops, lock_timeout, finishing=False)
+    assert isinstance(result, ErasureResult)
+    return result
+
+
+class Finished(Enum):
+    """What ``finish_erasure`` did."""
+
+    ERASED = "erased"  # the interrupted erasure was completed
+    MARKER_ONLY = "marker-only"  # the erasure had committed; the log there now is a newer conversation
+    NOTHING = "nothing"  # no marker (someone else finished it)
+
+
+def finish_erasure(
+    data_dir: str | os.PathLike[str],
+    site: str,
+    conversation_id: str,
+    *,
+    file_ops: FileOps = OS_FILE_OPS,
+    lock_timeout: float = 5.0,
+) -> Finished:
+    """Complete an erasure a crash interrupted (its marker is there), as running it again would, except
+    that a log created after the interrupted erasure had committed is kept (only the marker goes)."""
+    result = _erase(data_dir, site, conversation_id, file_ops, lock_timeout, finishing=True)
+    return result if isinstance(result, Finished) else Finished.ERASED
+
+
+def marker_names_log(ops: FileOps, paths: ConversationPaths) -> bool | None:
+    """Whether the conversation's erasure marker names the log there now (None: no marker). False when
+    there is no log, or it is another one (created after the erasure committed)."""
+    marker = ops.read_file(layout.erasure_marker_path(paths))
+    if marker is None:
+        return None
+    try:
+        fd = ops.open(paths.log, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        return bool(marker) and ops.pread(fd, len(marker), 0) == marker
+    finally:
+        ops.close(fd)
+
+
+def _erase(
+    data_dir: str | os.PathLike[str], site: str, cid: str, ops: FileOps, timeout: float, *, finishing: bool
+) -> ErasureResult | Finished:
     site = validate_site(site)
-    conversation_id = validate_conversation_id(conversation_id)
+    cid = validate_conversation_id(cid)
     root = os.path.abspath(os.fspath(data_dir))
-    paths = conversation_paths(root, site, conversation_id)
-    if not file_ops.exists(paths.directory):
-        return ErasureResult(conversation_id, False, 0)
-    manifest = _manifest(file_ops, root, site)
-    manifest.begin_writes()  # a crash from here on makes the next load reconcile (the listing drops it)
-    with held(paths.lock, lock_timeout):
-        invalidate(file_ops, paths.lock)  # before anything goes: no reader serves from the old log after
-        keep = {os.path.basename(paths.log), os.path.basename(paths.lock)}
-        prefix = conversation_id + "."  # ids never contain '.', so the prefix names this conversation only
-        extras = sorted(
-            os.path.join(paths.directory, name)
-            for name in file_ops.listdir(paths.directory)
-            if name.startswith(prefix) and name not in keep
-        )
-        for path in extras:
-            file_ops.unlink(path)
-        if extras:
-            file_ops.fsync_dir(paths.directory)
-        had_log = file_ops.exists(paths.log)
-        if had_log:
-            file_ops.unlink(paths.log)
-            file_ops.fsync_dir(paths.directory)  # the commit point
-        manifest.record_erased(conversation_id)
-    manifest.close()
-    return ErasureResult(conversation_id, had_log, len(extras) + had_log)
+    paths = conversation_paths(root, site, cid)
+    if not ops.exists(paths.directory):
+        return Finished.NOTHING if finishing else ErasureResult(cid, False, 0)
+    marker = layout.erasure_marker_path(paths)
+    manifest = _manifest(ops, root, site)
+    try:
+        manifest.begin_writes()  # a crash from here on makes the next load reconcile (the listing drops it)
+        with held(paths.lock, timeout):
+            if finishing:
+                names = marker_names_log(ops, paths)
+                if names is None:
+                    return Finished.NOTHING
+                if not names and ops.exists(paths.log):  # a newer conversation: keep it
+                    ops.unlink(marker)
+                    ops.fsync_dir(paths.directory)
+                    return Finished.MARKER_ONLY
+            invalidate(ops, paths.lock)  # before anything goes: no reader serves from the old log after
+            keep = {os.path.basename(p) for p in (paths.log, paths.lock, marker)}
+            prefix = cid + "."  # ids never contain '.', so the prefix names this conversation only
+            had_log = ops.exists(paths.log)
+            if not ops.exists(marker) and (had_log or _extras(ops, paths.directory, prefix, keep)):
+                ops.atomic_write(marker, _log_identity(ops, paths.log))
+            extras = _extras(ops, paths.directory, prefix, keep)
+            for path in extras:
+                ops.unlink(path)
+            if extras:
+                ops.fsync_dir(paths.directory)
+            if had_log:
+                ops.unlink(paths.log)
+                ops.fsync_dir(paths.directory)  # the commit point
+            manifest.record_erased(cid)
+            if ops.exists(marker):
+                ops.unlink(marker)
+                ops.fsync_dir(paths.directory)
+    finally:
+        manifest.close()
+    return ErasureResult(cid, had_log, len(extras) + had_log)
+
+
+def _extras(ops: FileOps, directory: str, prefix: str, keep: set[str]) -> list[str]:
+    """The conversation's other files (index, saved bytes, temp files): every name with its prefix."""
+    names = ops.listdir(directory)
+    return sorted(os.path.join(directory, n) for n in names if n.startswith(prefix) and n not in keep)
+
+
+def _log_identity(ops: FileOps, log: str) -> bytes:
+    """The first bytes of the log (b"" if there is none): its first frame's header, with its time."""
+    try:
+        fd = ops.open(log, os.O_RDONLY)
+    except FileNotFoundError:
+        return b""
+    try:
+        return ops.pread(fd, _IDENTITY_BYTES, 0)
+    finally:
+        ops.close(fd)
 
 
 def _manifest(ops: FileOps, root: str, site: str) -> SiteManifest:

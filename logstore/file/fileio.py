@@ -111,6 +111,11 @@ class FileOps:
     def unlink(self, path: str) -> None:
         os.unlink(path)
 
+    def link(self, src: str, dst: str) -> None:
+        """A second name for ``src``; ``FileExistsError`` if ``dst`` exists (an exclusive create of a
+        whole file: write and fsync a temp file, then link it into place)."""
+        os.link(src, dst)
+
     def mkdir(self, path: str) -> None:
         os.mkdir(path, DIR_MODE)
 

@@ -3,11 +3,14 @@
 
     <data_dir>/
       secret                                        key that signs list cursors (32 bytes)
+      store_id                                      this store's identity (32 hex digits; file.store_id)
+      backup_manifest.json                          in a backup only: what it holds (fsck.backup_manifest)
       credentials.json, credentials.lock            the site registry (logstore.file.credentials)
       sites/<site>/
         conversations/<h1>/<h2>/<id>.log            the record log (the truth)
         conversations/<h1>/<h2>/<id>.idx            sidecar seq index (a hint)
         conversations/<h1>/<h2>/<id>.lock           flock target, never deleted
+        conversations/<h1>/<h2>/<id>.erasing        an erasure in progress (file.erasure)
         manifest/snapshot.<gen>, journal.<gen>      the listing index (manifest_codec)
         manifest/compact.lock                       taken by the compactor only
 
@@ -29,10 +32,13 @@ __all__ = [
     "SECRET",
     "CREDENTIALS",
     "CREDENTIALS_LOCK",
+    "STORE_ID",
+    "BACKUP_MANIFEST",
     "COMPACT_LOCK",
     "LOG_SUFFIX",
     "INDEX_SUFFIX",
     "LOCK_SUFFIX",
+    "ERASING_SUFFIX",
     "CONVERSATION_SUFFIXES",
     "TOP_LEVEL",
     "SITE_ENTRIES",
@@ -48,7 +54,10 @@ __all__ = [
     "secret_path",
     "credentials_path",
     "credentials_lock_path",
+    "store_id_path",
+    "backup_manifest_path",
     "conversation_paths",
+    "erasure_marker_path",
     "log_path_function",
 ]
 
@@ -58,10 +67,14 @@ MANIFEST = "manifest"
 SECRET = "secret"
 CREDENTIALS = "credentials.json"
 CREDENTIALS_LOCK = "credentials.lock"
+STORE_ID = "store_id"
+BACKUP_MANIFEST = "backup_manifest.json"
 COMPACT_LOCK = "compact.lock"
 LOG_SUFFIX, INDEX_SUFFIX, LOCK_SUFFIX = ".log", ".idx", ".lock"
+ERASING_SUFFIX = ".erasing"  # an erasure in progress (file.erasure); holds no data
 CONVERSATION_SUFFIXES = (LOG_SUFFIX, INDEX_SUFFIX, LOCK_SUFFIX)
-TOP_LEVEL = frozenset({SITES, SECRET, CREDENTIALS, CREDENTIALS_LOCK})  # what a data dir holds
+# what a data dir holds (a backup also holds BACKUP_MANIFEST)
+TOP_LEVEL = frozenset({SITES, SECRET, CREDENTIALS, CREDENTIALS_LOCK, STORE_ID, BACKUP_MANIFEST})
 SITE_ENTRIES = (CONVERSATIONS, MANIFEST)  # what a site directory holds
 MANIFEST_KINDS = ("snapshot", "journal")
 
@@ -119,11 +132,24 @@ def credentials_lock_path(data_dir: str) -> str:
     return os.path.join(data_dir, CREDENTIALS_LOCK)
 
 
+def store_id_path(data_dir: str) -> str:
+    return os.path.join(data_dir, STORE_ID)
+
+
+def backup_manifest_path(data_dir: str) -> str:
+    return os.path.join(data_dir, BACKUP_MANIFEST)
+
+
 def conversation_paths(data_dir: str, site: str, conversation_id: str) -> ConversationPaths:
     h1, h2 = fanout(conversation_id)
     directory = os.path.join(data_dir, SITES, site, CONVERSATIONS, h1, h2)
     base = os.path.join(directory, conversation_id)
     return ConversationPaths(directory, base + LOG_SUFFIX, base + INDEX_SUFFIX, base + LOCK_SUFFIX)
+
+
+def erasure_marker_path(paths: ConversationPaths) -> str:
+    """``<id>.erasing`` beside the conversation's log: an erasure of it began and has not finished."""
+    return paths.log.removesuffix(LOG_SUFFIX) + ERASING_SUFFIX
 
 
 def log_path_function(data_dir: str, site: str) -> Callable[[str], str]:

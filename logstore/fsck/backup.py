@@ -19,20 +19,25 @@ longer in the source (erased) are removed from the destination; a conversation w
 corrupt keeps its last good copy (reported, and not updated). ``credentials.json`` and ``secret`` are
 copied first (each is replaced atomically in the source, so a complete version is read).
 
-A crash or error during a backup leaves the destination to be completed by the next run: a backup is
-whole when ``backup`` returns (exit 0). Corrupt source logs are reported and not copied.
+Before anything is written the destination is checked: it must not overlap the source however spelled
+(``backup_paths``) and must be empty or a backup of this same store (``backup_manifest``: the store id of
+``file.store_id``). The first write marks it incomplete, the last one writes its backup manifest
+(``backup_manifest``): a crash or error leaves it marked incomplete, ``restore`` and ``fsck`` refuse it,
+and the next run completes it. Corrupt source logs are reported and not copied (the backup is then
+marked incomplete, naming them: ``logstore fsck`` the source, then back up again).
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 
 from ..core.errors import InvalidArgument
-from ..core.ids import is_valid_id, is_valid_site
 from ..file import layout
 from ..file.fileio import OS_FILE_OPS, FileOps
 from ..file.frame import decode_header
@@ -49,11 +54,27 @@ from ..file.locking import held
 from ..file.manifest_codec import Entry, generations
 from ..file.manifest_snapshot import encode_snapshot
 from ..file.scanner import ScanState, frame_at, scan_log
+from ..file.store_id import StoreIdDamaged, ensure_store_id, read_store_id
+from .backup_manifest import (
+    BackupManifest,
+    LogRecord,
+    describe,
+    destination_owner,
+    digest,
+    log_files,
+    read_manifest,
+    scan_counting,
+    site_names,
+    utc_now,
+    verify,
+    write_manifest,
+)
+from .backup_paths import resolve_backup_paths
 from .logdump import acknowledged_end
 
-__all__ = ["BackupReport", "backup", "has_conversations", "TOP_LEVEL_FILES"]
+__all__ = ["BackupReport", "backup", "restore", "has_conversations", "TOP_LEVEL_FILES"]
 
-TOP_LEVEL_FILES = (layout.CREDENTIALS, layout.SECRET)
+TOP_LEVEL_FILES = (layout.CREDENTIALS, layout.SECRET, layout.STORE_ID)
 _CHUNK = 1 << 20
 _PARALLEL = 8
 
@@ -78,20 +99,143 @@ def backup(
     lock_timeout: float = 5.0,
     progress: Callable[[int, int], None] | None = None,
 ) -> BackupReport:
-    src = os.path.abspath(os.fspath(source))
-    dst = os.path.abspath(os.fspath(dest))
-    if not os.path.isdir(layout.sites_dir(src)):
-        raise InvalidArgument(f"{src} is not a logstore data dir (no sites/ directory)", field="source")
-    if dst == src or dst.startswith(src + os.sep) or src.startswith(dst + os.sep):
-        raise InvalidArgument("the backup must be outside the data dir (and the data dir outside it)")
-    ops = file_ops
-    report = BackupReport(src, dst)
+    """Back ``source`` up into ``dest`` (module docstring). ``InvalidArgument`` before anything is
+    written: overlapping paths (``backup_paths``), a destination that is neither empty nor a backup of
+    this store (``backup_manifest.destination_owner``)."""
+    paths = resolve_backup_paths(source, dest)  # before anything is written (backup_paths)
+    src, dst, ops = paths.source, paths.dest, file_ops
+    _require_data_dir(src)
+    try:
+        _check_owner(ops, dst, read_store_id(ops, src))
+        store_id = ensure_store_id(ops, src)
+    except StoreIdDamaged as exc:
+        raise InvalidArgument(f"{exc}: run `logstore fsck` on the data dir", field="source") from exc
+    started = utc_now()
+    ops.makedirs_durable(dst)
+    with _exclusive(dst):
+        _check_owner(ops, dst, store_id)  # again, now that no other backup or restore can write there
+        # The first write to the destination: from here on it says "incomplete" until the last write.
+        write_manifest(ops, dst, BackupManifest(store_id, started))
+        copied = _copy_data_dir(ops, src, dst, lock_timeout=lock_timeout, progress=progress)
+        _finish(ops, dst, store_id, started, copied)
+    return copied.report
+
+
+def _check_owner(ops: FileOps, dst: str, store_id: str | None) -> None:
+    """Refuse a destination that is neither empty nor a backup of the store ``store_id``."""
+    owner = destination_owner(ops, dst)
+    if owner is not None and store_id != owner:
+        raise InvalidArgument(
+            f"the backup destination {dst} holds a backup of another store (store id {owner}; this data "
+            f"dir's is {store_id or 'not set'}): refusing to overwrite it. Use an empty or new directory",
+            field="dest",
+        )
+
+
+@contextmanager
+def _exclusive(dst: str) -> Iterator[None]:
+    """One backup or restore at a time writes into ``dst`` (a flock on the directory itself: no file is
+    added to it, and the lock goes with the process however it ends)."""
+    fd = os.open(dst, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise InvalidArgument(
+                f"another backup or restore is writing to {dst}: wait for it to finish", field="dest"
+            ) from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def _finish(ops: FileOps, dst: str, store_id: str, started: str, copied: _TreeCopy) -> None:
+    report = copied.report
+    finished = BackupManifest(
+        store_id,
+        started,
+        complete=not report.corrupt,
+        finished=utc_now(),
+        files=copied.files,
+        logs=copied.logs,
+        sites=tuple(copied.sites),
+        corrupt=tuple(report.corrupt),
+    )
+    write_manifest(ops, dst, finished)
+
+
+def restore(
+    backup_dir: str | os.PathLike[str],
+    data_dir: str | os.PathLike[str],
+    *,
+    file_ops: FileOps = OS_FILE_OPS,
+    lock_timeout: float = 5.0,
+    progress: Callable[[int, int], None] | None = None,
+) -> BackupReport:
+    """Copy a whole backup into a data dir that holds no conversation yet (or a partial restore of this
+    same backup, which is completed). ``InvalidArgument``, before anything is written: overlapping paths,
+    a backup that is not whole (``backup_manifest.verify``, naming what is missing or different), a data
+    dir that already holds conversations. The data dir holds a restore marker until the copy is done."""
+    paths = resolve_backup_paths(backup_dir, data_dir)
+    src, dst, ops = paths.source, paths.dest, file_ops
+    problems = verify(ops, src)
+    if problems:
+        raise InvalidArgument(
+            f"{src} is not a whole backup; nothing was restored:\n  {describe(problems)}", field="source"
+        )
+    whole = read_manifest(ops, src)
+    assert whole is not None  # verified
+    try:
+        marker = read_manifest(ops, dst)
+    except ValueError:
+        marker = None
+    resuming = marker is not None and marker.restoring_from == src and marker.store_id == whole.store_id
+    if has_conversations(dst) and not resuming:
+        raise InvalidArgument(
+            f"data dir {dst} already holds conversations; restore into a new or empty data dir", field="dest"
+        )
+    ops.makedirs_durable(layout.sites_dir(dst))
+    with _exclusive(dst):
+        # Until the copy is done the data dir says it is partial (fsck: backup-incomplete; a rerun resumes).
+        write_manifest(ops, dst, BackupManifest(whole.store_id, utc_now(), restoring_from=src))
+        report = _copy_data_dir(ops, src, dst, lock_timeout=lock_timeout, progress=progress).report
+        ops.unlink(layout.backup_manifest_path(dst))
+        ops.fsync_dir(dst)
+    return report
+
+
+def _require_data_dir(root: str) -> None:
+    if not os.path.isdir(layout.sites_dir(root)):
+        raise InvalidArgument(f"{root} is not a logstore data dir (no sites/ directory)", field="source")
+
+
+@dataclass
+class _TreeCopy:
+    report: BackupReport
+    files: dict[str, str] = field(default_factory=dict)  # top-level file -> sha256 of what was copied
+    logs: dict[str, LogRecord] = field(default_factory=dict)  # "site/cid" -> what the copy holds
+    sites: list[str] = field(default_factory=list)
+
+
+def _copy_data_dir(
+    ops: FileOps,
+    src: str,
+    dst: str,
+    *,
+    lock_timeout: float,
+    progress: Callable[[int, int], None] | None,
+) -> _TreeCopy:
+    tree = _TreeCopy(BackupReport(src, dst))
+    report = tree.report
     ops.makedirs_durable(layout.sites_dir(dst))
     for name in TOP_LEVEL_FILES:
         data = ops.read_file(os.path.join(src, name))
-        if data is not None and ops.read_file(os.path.join(dst, name)) != data:
-            ops.atomic_write(os.path.join(dst, name), data)
-    plan = {site: dict(_logs(src, site)) for site in _sites(src)}
+        if data is not None:
+            if ops.read_file(os.path.join(dst, name)) != data:
+                ops.atomic_write(os.path.join(dst, name), data)
+            tree.files[name] = digest(data)
+    plan = {site: dict(_logs(src, site)) for site in site_names(src)}
+    tree.sites = sorted(plan)
     total = sum(size for logs in plan.values() for size in logs.values())
     done = 0
     # Several logs at a time: each copy waits mostly on its fdatasyncs, and concurrent syncs share the
@@ -101,15 +245,15 @@ def backup(
             entries: dict[str, Entry] = {}
             copies = pool.map(partial(_copy_log, ops, src, dst, site, lock_timeout=lock_timeout), logs)
             for (cid, size), copied in zip(logs.items(), copies, strict=True):
-                if copied.entry is not None:
-                    entries[cid] = copied.entry
-                    report.bytes_total += copied.entry.log_size
+                kept = copied
                 if copied.corrupt is not None:
                     report.corrupt.append(copied.corrupt)
-                    kept = _entry_of_copy(ops, conversation_paths(dst, site, cid))
-                    if kept is not None:  # the last good copy stays, listed
-                        entries[cid] = kept
-                        report.bytes_total += kept.log_size
+                    kept = _copy_kept(ops, conversation_paths(dst, site, cid))  # the last good copy stays
+                if kept.entry is not None:
+                    entries[cid] = kept.entry
+                    report.bytes_total += kept.entry.log_size
+                    record = LogRecord(kept.entry.log_size, kept.frames, kept.entry.next_seq)
+                    tree.logs[f"{site}/{cid}"] = record
                 report.bytes_copied += copied.copied
                 report.whole_copies += copied.whole
                 done += size
@@ -118,50 +262,31 @@ def backup(
             report.removed += _remove_others(ops, dst, site, set(entries))
             _write_manifest(ops, layout.manifest_dir(dst, site), entries)
             report.conversations += len(entries)
-    for site in set(_sites(dst)) - set(plan):  # a site purged from the source
+    for site in set(site_names(dst)) - set(plan):  # a site purged from the source
         report.removed += _remove_others(ops, dst, site, set())
         _write_manifest(ops, layout.manifest_dir(dst, site), {})
-    return report
+    return tree
 
 
 def has_conversations(root: str | os.PathLike[str]) -> bool:
     """Whether the data dir holds any conversation log (``restore`` refuses to overwrite one)."""
     root = os.path.abspath(os.fspath(root))
-    return any(any(True for _ in _logs(root, site)) for site in _sites(root))
-
-
-def _sites(root: str) -> list[str]:
-    try:
-        return sorted(n for n in os.listdir(layout.sites_dir(root)) if is_valid_site(n))
-    except FileNotFoundError:
-        return []
+    return any(any(True for _ in log_files(root, site)) for site in site_names(root))
 
 
 def _logs(root: str, site: str) -> Iterator[tuple[str, int]]:
     """(conversation id, log size) of every log of a site."""
-    base = layout.conversations_dir(root, site)
-    for d1 in _names(base):
-        for d2 in _names(os.path.join(base, d1)):
-            leaf = os.path.join(base, d1, d2)
-            for name in _names(leaf):
-                cid = name.removesuffix(layout.LOG_SUFFIX)
-                if cid != name and is_valid_id(cid):
-                    try:
-                        yield cid, os.stat(os.path.join(leaf, name)).st_size
-                    except FileNotFoundError:  # erased meanwhile
-                        continue
-
-
-def _names(path: str) -> list[str]:
-    try:
-        return sorted(os.listdir(path))
-    except (FileNotFoundError, NotADirectoryError):
-        return []
+    for cid, path in log_files(root, site):
+        try:
+            yield cid, os.stat(path).st_size
+        except FileNotFoundError:  # erased meanwhile
+            continue
 
 
 @dataclass(frozen=True, slots=True)
 class _Copied:
     entry: Entry | None  # None: nothing acknowledged to copy, or corrupt
+    frames: int = 0  # frames the copy holds
     copied: int = 0
     whole: bool = False
     corrupt: str | None = None
@@ -208,7 +333,8 @@ def _copy_log(ops: FileOps, src: str, dst: str, site: str, cid: str, *, lock_tim
             _write_index(ops, dp, index, b"".join(encode_entry(f.offset, f.first_seq) for f in result.frames))
         assert header is not None and result.last_recorded_at is not None
         entry = Entry(header.recorded_at, result.last_recorded_at, end, result.next_seq)
-        return _Copied(entry, end - start, start == 0)
+        frames = len(index) // ENTRY_SIZE + len(result.frames)
+        return _Copied(entry, frames, end - start, start == 0)
     finally:
         ops.close(sfd)
 
@@ -237,18 +363,20 @@ def _reusable_prefix(
     return frame.end, frame.first_seq + frame.count, frame.recorded_at, entries
 
 
-def _entry_of_copy(ops: FileOps, dp: ConversationPaths) -> Entry | None:
-    """The manifest entry of the destination's existing copy (kept when the source log is corrupt)."""
+def _copy_kept(ops: FileOps, dp: ConversationPaths) -> _Copied:
+    """The destination's existing copy, kept when the source log is corrupt: its manifest entry and frame
+    count (entry None if there is no clean copy)."""
     try:
         fd = ops.open(dp.log, os.O_RDONLY)
     except FileNotFoundError:
-        return None
+        return _Copied(None)
     try:
-        result = scan_log(ops, fd, keep_frames=False)
+        result, frames = scan_counting(ops, fd)
         header = decode_header(ops.pread(fd, 64, 0))
         if result.state is not ScanState.CLEAN or result.last_recorded_at is None or header is None:
-            return None
-        return Entry(header.recorded_at, result.last_recorded_at, result.end, result.next_seq)
+            return _Copied(None)
+        entry = Entry(header.recorded_at, result.last_recorded_at, result.end, result.next_seq)
+        return _Copied(entry, frames)
     finally:
         ops.close(fd)
 
@@ -288,7 +416,7 @@ def _write_manifest(ops: FileOps, directory: str, entries: dict[str, Entry]) -> 
     """Replace the destination site's manifest (``directory``) by one snapshot of ``entries`` (a newer
     generation than any file there, then the older files go), after the logs it lists were made durable."""
     ops.makedirs_durable(directory)
-    found = generations(_names(directory))
+    found = generations(sorted(os.listdir(directory)))
     new = max(found.snapshots + found.journals, default=0) + 1
     ops.atomic_write(layout.manifest_file(directory, "snapshot", new), encode_snapshot(entries.items()))
     for kind, gens in (("snapshot", found.snapshots), ("journal", found.journals)):

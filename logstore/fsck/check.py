@@ -31,9 +31,12 @@ from ..file import layout
 from ..file.fileio import OS_FILE_OPS, FileOps
 from ..file.layout import conversation_paths
 from ..file.manifest_codec import Entry
+from .backup_manifest import verify as verify_backup
+from .check_erasure import note_marker, orphan_index, settle_erasures
 from .check_log import ConversationOutcome, check_conversation, current_entry
 from .check_manifest import ManifestView, describe_mismatch, stray_findings
 from .check_report import CheckContext, CheckReport, Finding, ProgressCallback, stray_kind
+from .check_top import check_top_files
 
 __all__ = ["check", "CheckReport", "Finding"]
 
@@ -58,7 +61,8 @@ def check(
     root = os.path.abspath(os.fspath(data_dir))
     if not os.path.isdir(root):
         raise InvalidArgument(f"data dir {root} does not exist or is not a directory", field="data_dir")
-    if not os.path.isdir(layout.sites_dir(root)):  # every Store creates it: a wrong path, surely
+    is_backup = os.path.exists(layout.backup_manifest_path(root))  # an interrupted one may have no sites/
+    if not os.path.isdir(layout.sites_dir(root)) and not is_backup:  # every Store creates it: a wrong path
         raise InvalidArgument(f"{root} is not a logstore data dir (no sites/ directory)", field="data_dir")
     if site is not None:
         validate_site(site)
@@ -80,6 +84,7 @@ def check(
     filtered = site is not None or conversation is not None
     if not filtered:
         _check_top_level(ctx)
+        check_top_files(ctx, is_backup=is_backup)
     plans = [(name, _plan_site(ctx, name, conversation)) for name in _sites(ctx, site, strays=not filtered)]
     ctx.total_bytes = sum(size for _, plan in plans for size in plan.values())
     for name, plan in plans:
@@ -87,6 +92,15 @@ def check(
             continue  # the conversation has no files in this site
         report.sites += 1
         _check_site(ctx, name, plan, whole_site=conversation is None)
+    if not filtered and is_backup:
+        for problem in verify_backup(ctx.ops, root):  # a backup: is it whole? (backup_manifest)
+            ctx.found(
+                problem.kind,
+                problem.path,
+                problem.message,
+                site=problem.site,
+                conversation=problem.conversation,
+            )
     ctx.advance(0, force=True)
     report.elapsed = time.monotonic() - started
     return report
@@ -169,9 +183,12 @@ def _plan_site(ctx: CheckContext, site: str, only: str | None) -> dict[str, int]
     if only is not None:
         paths = conversation_paths(ctx.data_dir, site, only)
         size = ctx.ops.stat_size(paths.log)
-        if size is None and ctx.ops.exists(paths.index):
-            _orphan_index(ctx, site, only, paths.index)
-        return {} if size is None else {only: size}
+        being_erased = ctx.ops.exists(layout.erasure_marker_path(paths))
+        if being_erased:
+            note_marker(ctx, site, only)
+        elif size is None and ctx.ops.exists(paths.index):
+            orphan_index(ctx, site, only, paths.index)
+        return {} if size is None and not being_erased else {only: size or 0}
     site_dir = layout.site_dir(ctx.data_dir, site)
     for entry in _scandir(ctx, site_dir):
         if entry.name not in layout.SITE_ENTRIES:
@@ -180,10 +197,14 @@ def _plan_site(ctx: CheckContext, site: str, only: str | None) -> dict[str, int]
     for leaf, h1h2, files in _leaves(ctx, site):
         logs: dict[str, int] = {}
         indexes: set[str] = set()
+        marked: set[str] = set()
         for name, size in files:
             base, dot, suffix = name.rpartition(".")
-            if ".log.broken-" in name:
+            if ".log.broken-" in name or ".idx.broken-" in name:
                 ctx.report.broken_files += 1
+            elif "." + suffix == layout.ERASING_SUFFIX and is_valid_id(base) and layout.fanout(base) == h1h2:
+                marked.add(base)
+                note_marker(ctx, site, base)
             elif dot and "." + suffix in layout.CONVERSATION_SUFFIXES and is_valid_id(base):
                 home = layout.fanout(base)
                 if home != h1h2 and suffix != "log":  # a stray index or lock holds no data
@@ -208,14 +229,10 @@ def _plan_site(ctx: CheckContext, site: str, only: str | None) -> dict[str, int]
                     indexes.add(base)
             else:
                 _stray(ctx, os.path.join(leaf, name), name, site)
-        for cid in sorted(indexes - logs.keys()):
-            _orphan_index(ctx, site, cid, os.path.join(leaf, cid + ".idx"))
+        for cid in sorted(indexes - logs.keys() - marked):
+            orphan_index(ctx, site, cid, os.path.join(leaf, cid + ".idx"))
         plan.update(logs)
     return plan
-
-
-def _orphan_index(ctx: CheckContext, site: str, cid: str, path: str) -> Finding:
-    return ctx.found("orphan-file", path, "index without its log (left alone)", site=site, conversation=cid)
 
 
 def _leaves(ctx: CheckContext, site: str) -> Iterator[tuple[str, tuple[str, str], list[tuple[str, int]]]]:
@@ -251,6 +268,7 @@ def _leaves(ctx: CheckContext, site: str) -> Iterator[tuple[str, tuple[str, str]
 
 # ---------------------------------------------------------------------- per site
 def _check_site(ctx: CheckContext, site: str, plan: dict[str, int], *, whole_site: bool) -> None:
+    erasing = settle_erasures(ctx, site, plan)  # first: a finished erasure is in the manifest loaded next
     mdir = layout.manifest_dir(ctx.data_dir, site)
     loaded = ManifestView(ctx, site)
     view: ManifestView | None = loaded
@@ -285,7 +303,7 @@ def _check_site(ctx: CheckContext, site: str, plan: dict[str, int], *, whole_sit
         else:
             unchecked.add(cid)
     if view is not None:
-        _check_manifest(ctx, view, plan, stale, checked, unchecked, whole_site=whole_site)
+        _check_manifest(ctx, view, plan, stale, checked, unchecked | erasing, whole_site=whole_site)
 
 
 def _check_manifest(
@@ -306,8 +324,8 @@ def _check_manifest(
     if whole_site:
         for cid, entry in sorted(view.entries.items()):
             log_path = conversation_paths(ctx.data_dir, site, cid).log
-            if cid in plan or entry.next_seq == 0 or ctx.ops.exists(log_path):
-                continue  # listed and checked, never appended to, or created during the check
+            if cid in plan or cid in unchecked or entry.next_seq == 0 or ctx.ops.exists(log_path):
+                continue  # listed and checked, being erased, never appended to, or created meanwhile
             problems.append(
                 ctx.found(
                     "missing-log",

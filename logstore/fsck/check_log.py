@@ -63,15 +63,21 @@ class ConversationOutcome:
     items: int = 0
 
 
-def save_broken(ops: FileOps, path: str, fd: int, start: int, size: int) -> str:
-    """Copy bytes [start, size) of ``fd`` to a new ``<path>.broken-<UTC timestamp>``; fsync it and its
-    directory before returning, so the bytes a repair is about to remove are durable elsewhere first."""
+def broken_target(ops: FileOps, path: str) -> str:
+    """A new ``<path>.broken-<UTC timestamp>`` name (a repair keeps what it removes there)."""
     now = time.time()
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now)) + f"{int(now % 1 * 1e6):06d}Z"
     target, n = f"{path}.broken-{stamp}", 0
     while ops.exists(target):
         n += 1
         target = f"{path}.broken-{stamp}-{n}"
+    return target
+
+
+def save_broken(ops: FileOps, path: str, fd: int, start: int, size: int) -> str:
+    """Copy bytes [start, size) of ``fd`` to a new ``<path>.broken-<UTC timestamp>``; fsync it and its
+    directory before returning, so the bytes a repair is about to remove are durable elsewhere first."""
+    target = broken_target(ops, path)
     out = ops.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
     try:
         pos = start
@@ -227,9 +233,15 @@ def _check_locked(
             )
             continue
         kind = _REASON_KIND.get(seg.reason or "", seg.reason or "crc-mismatch")
+        if seg.reason == "incomplete" and i < len(scan.segments) - 1:
+            # The frame "runs past the end of the file", yet valid frames follow it: the file does not
+            # end inside it, its length field is damaged (a flipped byte). Not truncated-frame.
+            kind = "bad-length"
         seqs = lost if fixed and i == 0 else _affected(scan, i, evidence)
         if kind == "missing-frames":
             message = "the index proves acknowledged frames past the end of the log: they are gone"
+        elif kind == "bad-length" and seg.reason == "incomplete":
+            message = "a frame whose length runs past the end of the file, with valid frames after it"
         elif seg.reason == "seq-gap":
             message = "valid frames whose seqs do not follow each other"
         else:

@@ -8,6 +8,8 @@ kind, the seqs affected, and whether it was fixed. Severity decides the exit cod
     1  errors were found and corrected
     4  errors were left uncorrected
     8  operational error: bad path, lock timeout, permission, I/O error
+   16  an erasure (conversation delete, site remove --purge) was interrupted: no data is lost; run it
+       again or ``--repair`` (which finishes it: exit 1)
 
 Kinds are listed in ``KINDS`` with their severity; docs/FSCK.md explains each one and what repair does.
 """
@@ -27,6 +29,8 @@ __all__ = [
     "ERROR",
     "WARNING",
     "OPERATIONAL",
+    "UNFINISHED",
+    "EXIT_UNFINISHED",
     "KINDS",
     "EXIT_CLEAN",
     "EXIT_CORRECTED",
@@ -41,6 +45,7 @@ __all__ = [
 ERROR = "error"
 WARNING = "warning"
 OPERATIONAL = "operational"
+UNFINISHED = "unfinished"  # an operator's action was interrupted (exit 16); repair finishes it
 
 KINDS: dict[str, str] = {
     # log file
@@ -63,9 +68,18 @@ KINDS: dict[str, str] = {
     "manifest-stale": ERROR,
     "manifest-damaged": ERROR,
     "missing-log": ERROR,  # the manifest lists items for a conversation whose log is gone
+    "erasure-interrupted": UNFINISHED,  # <id>.erasing: a delete/purge was killed midway (check_erasure)
+    "orphan-index": ERROR,  # an index without its log: the engine refuses appends (repair moves it aside)
+    # a backup (backup_manifest.json present): `logstore backup` again makes it whole; repair cannot
+    "backup-incomplete": ERROR,  # interrupted, failed or skipped corrupt source logs: not restorable
+    "backup-mismatch": ERROR,  # its files disagree with its complete manifest (missing, changed, extra)
+    # top-level files (check_top)
+    "credentials-damaged": ERROR,  # servers refuse every client; not repaired
+    "secret-damaged": ERROR,  # missing or not 32 bytes; repair writes a new one
+    "store-id-damaged": ERROR,  # not repaired (backups name it)
     # files
     "misplaced-file": ERROR,  # a conversation file in the wrong fan-out directory: invisible to the engine
-    "orphan-file": WARNING,  # an index without its log, a superseded manifest generation
+    "orphan-file": WARNING,  # an index in the wrong fan-out directory, a superseded manifest generation
     "unknown-file": WARNING,  # a file logstore never writes there
     "stale-temp-file": WARNING,  # a leftover temp file of an interrupted atomic replace
     "loose-permissions": WARNING,  # readable or writable by group/others (logstore creates 0600/0700)
@@ -78,6 +92,7 @@ EXIT_CLEAN = 0
 EXIT_CORRECTED = 1
 EXIT_UNCORRECTED = 4
 EXIT_OPERATIONAL = 8
+EXIT_UNFINISHED = 16
 
 ProgressCallback = Callable[[int, int], None]  # (bytes done, bytes total)
 
@@ -133,6 +148,8 @@ class CheckReport:
         for f in self.findings:
             if f.severity == OPERATIONAL:
                 code |= EXIT_OPERATIONAL
+            elif f.severity == UNFINISHED:
+                code |= EXIT_CORRECTED if f.fixed else EXIT_UNFINISHED
             elif f.severity == ERROR:
                 code |= EXIT_CORRECTED if f.fixed else EXIT_UNCORRECTED
         return code
@@ -160,6 +177,7 @@ class CheckReport:
             "fixed": self.count(ERROR, fixed=True),
             "warnings": self.count(WARNING),
             "operational": self.count(OPERATIONAL),
+            "unfinished": self.count(UNFINISHED),
             "exit_code": self.exit_code,
         }
 
@@ -182,6 +200,7 @@ class CheckContext:
     truncate_corrupt: bool = False
     lock_timeout: float = 5.0
     progress: ProgressCallback | None = None
+    erasing: dict[str, set[str]] = field(default_factory=dict)  # site -> ids with an erasure marker
     total_bytes: int = 0
     done_bytes: int = 0
     _last_progress: float = 0.0
@@ -204,6 +223,10 @@ class CheckContext:
     def found(self, kind: str, path: str, message: str, **fields: Any) -> Finding:
         """Record a finding about ``path`` (absolute; reported relative to the data dir)."""
         return self.add(Finding(kind, self.rel(path), message, **fields))
+
+    def add_fixed(self, kind: str, path: str, message: str, **fields: Any) -> Finding:
+        """Record a finding a repair has already fixed."""
+        return self.add(Finding(kind, self.rel(path), message, fixed=True, **fields))
 
     def advance(self, nbytes: int, *, force: bool = False) -> None:
         """Count verified bytes; call ``progress`` at most ~20 times a second (it may draw a bar)."""

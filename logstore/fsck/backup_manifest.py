@@ -1,0 +1,295 @@
+"""The backup manifest (``<backup>/backup_manifest.json``): what a finished backup holds, written last, the
+way ``pg_basebackup`` writes ``backup_manifest`` and restic a snapshot. Without it a backup killed
+mid-copy, or one that failed, would pass for whole: ``restore`` and ``fsck`` would see an ordinary data
+dir with fewer conversations and no way to tell which are missing.
+
+    {"format": "logstore-backup", "version": 1, "store_id": "<32 hex>", "complete": true,
+     "started": "2026-12-03T20:31:07Z", "finished": "2026-12-03T20:31:09Z",
+     "files": {"secret": "<sha256>", "credentials.json": "<sha256>", "store_id": "<sha256>"},
+     "logs": {"<site>/<conversation>": {"size": 1234, "frames": 7, "next_seq": 21}, ...},
+     "sites": ["<site>", ...], "corrupt": ["<site>/<conversation>: crc-mismatch at byte 880", ...]}
+
+Lifecycle (``backup.backup``): before anything else is written to the destination, the manifest is
+replaced by one that says ``"complete": false`` (and names the source store); only after every log, index,
+site manifest and top-level file is durable is it replaced (atomically) by the complete one. So at every
+instant the destination holds either a complete manifest that matches its files, or an incomplete one.
+
+``restore`` writes the same file into the data dir it fills, with ``"restoring_from"`` set, and removes it
+when done: a restore killed midway leaves a data dir that ``fsck`` reports as incomplete and that a rerun
+of the same restore completes (instead of refusing it for holding conversations).
+
+Rules (``destination_owner`` and ``verify``, one home for both ``restore`` and ``fsck``):
+- a destination is empty, or holds a manifest naming the store being backed up; anything else is refused;
+- a backup is whole when its manifest is complete, every log it lists is there with that size, frame count
+  and next seq and scans clean (every frame's CRC), no log is there that it does not list, and the
+  top-level files have the listed digests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..core.errors import InvalidArgument
+from ..core.ids import is_valid_id, is_valid_site
+from ..file import layout
+from ..file.fileio import FileOps
+from ..file.layout import conversation_paths
+from ..file.scanner import ScanResult, ScanState, scan_log
+
+__all__ = [
+    "LogRecord",
+    "BackupManifest",
+    "Problem",
+    "INCOMPLETE",
+    "MISMATCH",
+    "digest",
+    "utc_now",
+    "read_manifest",
+    "write_manifest",
+    "destination_owner",
+    "verify",
+    "describe",
+    "site_names",
+    "log_files",
+    "scan_counting",
+]
+
+FORMAT, VERSION = "logstore-backup", 1
+INCOMPLETE = "backup-incomplete"  # no complete manifest: interrupted, failed, or corrupt source logs
+MISMATCH = "backup-mismatch"  # a complete manifest the files disagree with
+
+
+@dataclass(frozen=True, slots=True)
+class LogRecord:
+    size: int
+    frames: int
+    next_seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class BackupManifest:
+    store_id: str
+    started: str
+    complete: bool = False
+    finished: str | None = None
+    files: dict[str, str] = field(default_factory=dict)  # top-level file name -> sha256 hex
+    logs: dict[str, LogRecord] = field(default_factory=dict)  # "site/conversation" -> record
+    sites: tuple[str, ...] = ()
+    corrupt: tuple[str, ...] = ()
+    restoring_from: str | None = None  # set in a data dir while ``restore`` fills it (removed when done)
+
+    def encode(self) -> bytes:
+        body: dict[str, Any] = {
+            "format": FORMAT,
+            "version": VERSION,
+            "store_id": self.store_id,
+            "complete": self.complete,
+            "started": self.started,
+            "finished": self.finished,
+            "files": dict(sorted(self.files.items())),
+            "logs": {k: [r.size, r.frames, r.next_seq] for k, r in sorted(self.logs.items())},
+            "sites": sorted(self.sites),
+            "corrupt": list(self.corrupt),
+            "restoring_from": self.restoring_from,
+        }
+        return json.dumps(body, separators=(",", ":")).encode() + b"\n"
+
+    @classmethod
+    def decode(cls, data: bytes) -> BackupManifest:
+        """Raises ValueError for anything that is not a manifest this build writes."""
+        try:
+            body = json.loads(data)
+            if body.get("format") != FORMAT or body.get("version") != VERSION:
+                raise ValueError(f"not a version {VERSION} {FORMAT} manifest")
+            return cls(
+                store_id=str(body["store_id"]),
+                started=str(body["started"]),
+                complete=body["complete"] is True,
+                finished=body["finished"],
+                files={str(k): str(v) for k, v in body["files"].items()},
+                logs={str(k): LogRecord(int(a), int(b), int(c)) for k, (a, b, c) in body["logs"].items()},
+                sites=tuple(str(s) for s in body["sites"]),
+                corrupt=tuple(str(c) for c in body["corrupt"]),
+                restoring_from=body.get("restoring_from"),
+            )
+        except (KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
+            raise ValueError(f"damaged: {exc!r}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    kind: str  # INCOMPLETE | MISMATCH
+    path: str  # absolute
+    message: str
+    site: str | None = None
+    conversation: str | None = None
+
+
+def digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def utc_now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def read_manifest(ops: FileOps, root: str) -> BackupManifest | None:
+    """The manifest of the backup at ``root``, None if there is none. Raises ValueError if damaged."""
+    data = ops.read_file(layout.backup_manifest_path(root))
+    return None if data is None else BackupManifest.decode(data)
+
+
+def write_manifest(ops: FileOps, root: str, manifest: BackupManifest) -> None:
+    ops.atomic_write(layout.backup_manifest_path(root), manifest.encode())
+
+
+def destination_owner(ops: FileOps, dest: str) -> str | None:
+    """The store id a backup destination belongs to: None when it does not exist or is empty (a new
+    backup). ``InvalidArgument`` for anything else: not a directory, not empty and no manifest (another
+    data dir, an older logstore's backup, unrelated files), a damaged manifest."""
+    if not os.path.lexists(dest):
+        return None
+    if not os.path.isdir(dest):
+        raise InvalidArgument(f"the backup destination {dest} is not a directory", field="dest")
+    if not os.listdir(dest):
+        return None
+    try:
+        manifest = read_manifest(ops, dest)
+    except ValueError as exc:
+        raise InvalidArgument(
+            f"the backup destination {dest} has a damaged {layout.BACKUP_MANIFEST} ({exc}): cannot tell "
+            "whose backup it is; move it aside",
+            field="dest",
+        ) from exc
+    if manifest is None:
+        raise InvalidArgument(
+            f"the backup destination {dest} is not empty and is not a backup made by `logstore backup` "
+            f"(no {layout.BACKUP_MANIFEST}): refusing to overwrite it. Use an empty or new directory (an "
+            "older logstore's backup has no manifest: move it aside and back up afresh)",
+            field="dest",
+        )
+    return manifest.store_id
+
+
+def verify(ops: FileOps, root: str) -> list[Problem]:
+    """Why the backup at ``root`` is not whole (module docstring), [] if it is. Reads every listed log."""
+    path = layout.backup_manifest_path(root)
+    try:
+        manifest = read_manifest(ops, root)
+    except ValueError as exc:
+        return [Problem(INCOMPLETE, path, f"the backup manifest is damaged ({exc})")]
+    if manifest is None:
+        return [
+            Problem(
+                INCOMPLETE,
+                path,
+                f"no {layout.BACKUP_MANIFEST}: not a complete backup made by `logstore backup` (a first "
+                "run that was interrupted, or not a backup at all)",
+            )
+        ]
+    if manifest.restoring_from is not None:
+        return [
+            Problem(
+                INCOMPLETE,
+                path,
+                f"a restore from {manifest.restoring_from} started {manifest.started} did not complete: "
+                f"this data dir is partial. Run `logstore restore {manifest.restoring_from}` again",
+            )
+        ]
+    if not manifest.complete:
+        why = "; ".join(manifest.corrupt) if manifest.corrupt else "interrupted or failed"
+        return [
+            Problem(
+                INCOMPLETE,
+                path,
+                f"the backup started {manifest.started} did not complete ({why}): run `logstore backup` "
+                "again (after `logstore fsck` of the source if logs were corrupt)",
+            )
+        ]
+    problems: list[Problem] = []
+    for name, expected in sorted(manifest.files.items()):
+        data = ops.read_file(os.path.join(root, name))
+        if data is None or digest(data) != expected:
+            state = "missing" if data is None else "changed since the backup"
+            problems.append(Problem(MISMATCH, os.path.join(root, name), f"{name} is {state}"))
+    for key, record in sorted(manifest.logs.items()):
+        site, _, cid = key.partition("/")
+        problem = _check_log(ops, conversation_paths(root, site, cid).log, record)
+        if problem is not None:
+            log = conversation_paths(root, site, cid).log
+            problems.append(Problem(MISMATCH, log, f"{key}: {problem}", site, cid))
+    for site, cid, log in _logs_present(root):
+        if f"{site}/{cid}" not in manifest.logs:
+            problems.append(Problem(MISMATCH, log, f"{site}/{cid}: not in the backup manifest", site, cid))
+    return problems
+
+
+def describe(problems: list[Problem], limit: int = 20) -> str:
+    lines = [p.message for p in problems[:limit]]
+    if len(problems) > limit:
+        lines.append(f"... and {len(problems) - limit} more")
+    return "\n  ".join(lines)
+
+
+def scan_counting(ops: FileOps, fd: int) -> tuple[ScanResult, int]:
+    """``scan_log`` of a whole log without keeping its frames, and how many good frames it holds."""
+    frames = 0
+
+    def count(_frame: object) -> None:
+        nonlocal frames
+        frames += 1
+
+    return scan_log(ops, fd, keep_frames=False, on_frame=count), frames
+
+
+def _check_log(ops: FileOps, log: str, record: LogRecord) -> str | None:
+    want = f"{record.next_seq} item(s) in {record.frames} frame(s), {record.size} bytes"
+    try:
+        fd = ops.open(log, os.O_RDONLY)
+    except FileNotFoundError:
+        return f"missing (the manifest lists {want})"
+    try:
+        size = ops.size(fd)
+        result, frames = scan_counting(ops, fd)
+    finally:
+        ops.close(fd)
+    if result.state is not ScanState.CLEAN:
+        return f"{result.reason} at byte {result.stop_offset} (the manifest lists {want})"
+    if (size, frames, result.next_seq) != (record.size, record.frames, record.next_seq):
+        holds = f"{result.next_seq} item(s) in {frames} frame(s), {size} bytes"
+        return f"holds {holds}; the manifest lists {want}"
+    return None
+
+
+def site_names(root: str) -> list[str]:
+    return [n for n in _names(layout.sites_dir(root)) if is_valid_site(n)]
+
+
+def log_files(root: str, site: str) -> Iterator[tuple[str, str]]:
+    """(conversation id, log path) of every log of a site of the data dir or backup at ``root``."""
+    base = layout.conversations_dir(root, site)
+    for d1 in _names(base):
+        for d2 in _names(os.path.join(base, d1)):
+            for name in _names(os.path.join(base, d1, d2)):
+                cid = name.removesuffix(layout.LOG_SUFFIX)
+                if cid != name and is_valid_id(cid):
+                    yield cid, os.path.join(base, d1, d2, name)
+
+
+def _logs_present(root: str) -> Iterator[tuple[str, str, str]]:
+    for site in site_names(root):
+        for cid, log in log_files(root, site):
+            yield site, cid, log
+
+
+def _names(path: str) -> list[str]:
+    try:
+        return sorted(os.listdir(path))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
