@@ -47,9 +47,7 @@ _MAX_TRACKED = 10_000  # tracked addresses and (address, site) pairs each; the o
 
 class AuthThrottled(Exception):
     def __init__(self, retry_after: float) -> None:
-        super().__init__(
-            f"too many failed authentications from this address; retry in {retry_after:.0f} s"
-        )
+        super().__init__(f"too many failed authentications from this address; retry in {retry_after:.0f} s")
         self.retry_after = retry_after
 
 
