@@ -111,6 +111,8 @@ def _registry(args: argparse.Namespace) -> tuple[SiteRegistry, str | None]:
 
     url = store_url_of(args)
     scheme, rest = parse_store_url(url)
+    if scheme == "file" and os.path.exists(rest) and not os.path.isdir(rest):
+        raise ValueError(f"the data dir {rest} is a file, not a directory: give --data-dir a directory")
     return open_registry(url), (os.path.abspath(rest) if scheme == "file" else None)
 
 
