@@ -96,7 +96,7 @@ def test_a_missing_or_wrong_data_dir_is_named(tmp_path):
     a_file = tmp_path / "README.md"
     a_file.write_text("hello\n")
     added = logstore("site", "add", "x", "--data-dir", str(a_file))
-    assert added.returncode == 2 and "is a file, not a directory" in one_line(added)
+    assert added.returncode == 1 and f"not a directory: {a_file}" in one_line(added)
 
 
 def test_an_unwritable_destination_is_named_not_the_data_dir(tmp_path):

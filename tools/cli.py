@@ -99,7 +99,7 @@ def describe_error(exc: BaseException) -> str:
         if isinstance(exc, PermissionError) and exc.filename:
             hint = f" (can this user write to {os.path.dirname(os.path.abspath(exc.filename))}?)"
         elif isinstance(exc, NotADirectoryError | FileExistsError) and exc.filename:
-            hint = " (a file is where a directory should be)"
+            return f"not a directory: {exc.filename} (a file stands where a directory is needed)"
         return f"{exc.strerror}{where}{hint}"
     return str(exc) or type(exc).__name__
 
