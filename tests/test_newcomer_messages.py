@@ -117,3 +117,12 @@ def test_an_unwritable_destination_is_named_not_the_data_dir(tmp_path):
     )
     backup = logstore("backup", str(blocked / "bk"), "--data-dir", data)
     assert backup.returncode != 0 and "data dir" not in one_line(backup)
+
+
+def test_migrate_onto_a_database_with_its_own_local_site_says_how_to_make_way(postgres_server, tmp_path):
+    url = fresh_url(postgres_server)
+    PostgresRegistry(url).add("local", "created-by-an-older-first-serve")
+    data = str(tmp_path / "data")
+    assert logstore("site", "add", "local", "--data-dir", data).returncode == 0
+    moved = logstore("migrate", "--from", f"file:{data}", "--to", url)
+    assert moved.returncode == 3 and "logstore site remove local --store TARGET" in one_line(moved)
