@@ -253,13 +253,15 @@ def _flood_process(
 
 
 async def _wrongpw(
-    base: str, sites: dict[str, str], flood: int, flood_addr: str, samples: int, stale: bool
+    base: str, sites: dict[str, str], flood: int, flood_addr: str, samples: int, stale: bool, same_site: bool
 ) -> dict[str, Any]:
     names = list(sites)
     idle = [await _first_call(base, s, sites[s]) for s in names[:samples]]
     # The flood runs in its own process, so that its client-side work does not delay the timed client.
     # Fresh passwords go to a site of their own; stale ones to the timed clients' sites, from their address.
     flooded, client_addr = (names[samples : 2 * samples], flood_addr) if stale else (["flooded"], "127.0.0.1")
+    if same_site and not stale:  # fresh wrong passwords aimed at the timed clients' own sites
+        flooded = names[samples : 2 * samples]
     ctx = multiprocessing.get_context("spawn")
     out, ready, done = ctx.Queue(), ctx.Event(), ctx.Event()
     args = (base, flooded, flood_addr, flood, stale, ready, done, out)
@@ -290,12 +292,15 @@ async def _wrongpw(
 def cmd_wrongpw(args: argparse.Namespace) -> None:
     sites = {f"client{i}": f"pw-{i}" for i in range(2 * args.samples)} | {"flooded": "right"}
     with server(args.src, sites, workers=args.workers) as (base, _proc):
-        out = asyncio.run(_wrongpw(base, sites, args.flood, args.flood_addr, args.samples, args.stale))
+        out = asyncio.run(
+            _wrongpw(base, sites, args.flood, args.flood_addr, args.samples, args.stale, args.same_site)
+        )
     out.update(
         scenario="wrongpw",
         flood=args.flood,
         flood_addr=args.flood_addr,
         stale=args.stale,
+        same_site=args.same_site,
         workers=args.workers,
         src=str(args.src),
     )
@@ -608,6 +613,11 @@ def main(argv: list[str] | None = None) -> None:
         help="the flood repeats one stale password per timed client's site, from the timed clients' address",
     )
     p.add_argument("--workers", type=int, default=1)
+    p.add_argument(
+        "--same-site",
+        action="store_true",
+        help="fresh wrong passwords for the timed clients' own sites (the shape fair shares cannot defend)",
+    )
     p.add_argument("--samples", type=int, default=5, help="new correct clients timed (idle, then flooded)")
     p = add("bodies", cmd_bodies)
     p.add_argument("--size", type=int, default=4 * 1024 * 1024, help="body bytes")
