@@ -30,7 +30,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="run the MCP server",
         description="Serve the four memory tools over streamable HTTP at /mcp (HTTP Basic auth, one "
         "site per user), or to one local client over stdin/stdout (--stdio). On a data dir with no sites "
-        "the first HTTP start creates the site 'local' and prints how to connect, once. Every flag has a "
+        "the first HTTP start creates the site 'local' and prints how to connect, once (a postgresql:// "
+        "store gets no site by itself: `logstore site add NAME --store URL`). Every flag has a "
         "LOGSTORE_* variable; flags win. Exit: 0 stopped, 1 cannot start (port in use, data dir "
         "unusable), 2 bad setting, 130 interrupted.",
     )
