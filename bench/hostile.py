@@ -1,6 +1,7 @@
 """Hostile-load figures for docs/SECURITY.md (by hand, never in the default tests; loopback only).
 
     python -m bench.hostile wrongpw  [--src DIR]   # a correct new client's first call under a password flood
+        [--flood-addr spread:256] [--stale] [--workers N]   # the two shapes of issue 22 (see cmd_wrongpw)
     python -m bench.hostile bodies   [--src DIR]   # peak RSS and /healthz stalls under 12 maximum-size bodies
     python -m bench.hostile mixed --workers N      # 64 clients, mixed tools: calls/s, p50/p99, errors, RSS
     python -m bench.hostile sessions [--src DIR]   # one site opening many legacy sessions; another site after
@@ -171,22 +172,28 @@ def _outcome(r: httpx2.Response) -> str:
 
 
 def flood_addresses(spec: str) -> list[str]:
-    """``127.0.0.2`` (one address) or ``spread:N`` (N loopback addresses 127.0.1.1, 127.0.1.2, ...)."""
+    """``127.0.0.2`` (one address) or ``spread:N`` (N loopback addresses 127.0.150.1, 127.0.150.2, ...)."""
     if spec.startswith("spread:"):
         n = int(spec.split(":")[1])
-        return [f"127.0.{1 + i // 250}.{1 + i % 250}" for i in range(n)]
+        return [f"127.0.{150 + i // 250}.{1 + i % 250}" for i in range(n)]
     return [spec]
 
 
-async def _flood(base: str, site: str, spec: str, clients: int, stop: asyncio.Event, codes: Counter) -> None:
+async def _flood(
+    base: str, sites: list[str], spec: str, clients: int, stop: asyncio.Event, codes: Counter, *, stale: bool
+) -> None:
+    """``clients`` concurrent request loops over ``sites``: a fresh wrong password each time (no cache can
+    answer it), or with ``stale`` the same wrong password per site every time (a misconfigured agent)."""
     addresses = flood_addresses(spec)
     body = tool_call("recall_memory", {"conversation_id": "conversation-1"})
+    turn = iter(range(10**9))
 
     async def one(http: httpx2.AsyncClient) -> None:
         for _ in range(100_000):  # bounded; ends on stop
             if stop.is_set():
                 return
-            auth = basic(site, uuid.uuid4().hex)  # a fresh wrong password: no cache can answer it
+            site = sites[next(turn) % len(sites)]
+            auth = basic(site, "stale-" + site if stale else uuid.uuid4().hex)
             try:
                 r = await http.post(base + "/mcp", json=body, headers=modern_headers(auth, "recall_memory"))
                 codes[f"http-{r.status_code}"] += 1
@@ -200,15 +207,17 @@ async def _flood(base: str, site: str, spec: str, clients: int, stop: asyncio.Ev
             n = clients // len(addresses) + (1 if k < clients % len(addresses) else 0)
             if n:
                 limits = httpx2.Limits(max_connections=n, max_keepalive_connections=n)
-                transport = httpx2.AsyncHTTPTransport(local_address=addr, limits=limits)
+                # verify=False: plain http, and loading the CA bundle 256 times would take seconds.
+                transport = httpx2.AsyncHTTPTransport(local_address=addr, limits=limits, verify=False)
                 http = await stack.enter_async_context(httpx2.AsyncClient(transport=transport, timeout=60))
                 https += [http] * n
         await asyncio.gather(*(one(http) for http in https))
 
 
-async def _first_call(base: str, site: str, password: str) -> float:
+async def _first_call(base: str, site: str, password: str, local_address: str = "127.0.0.1") -> float:
     body = tool_call("recall_memory", {"conversation_id": "conversation-1"})
-    async with httpx2.AsyncClient(timeout=120) as http:
+    transport = httpx2.AsyncHTTPTransport(local_address=local_address)
+    async with httpx2.AsyncClient(transport=transport, timeout=120) as http:
         start = time.perf_counter()
         r = await http.post(
             base + "/mcp", json=body, headers=modern_headers(basic(site, password), "recall_memory")
@@ -217,7 +226,9 @@ async def _first_call(base: str, site: str, password: str) -> float:
     return elapsed if _outcome(r) == "ok" else -r.status_code  # negative: refused (its HTTP status)
 
 
-def _flood_process(base: str, addr: str, clients: int, done: Any, out: Any) -> None:
+def _flood_process(
+    base: str, sites: list[str], addr: str, clients: int, stale: bool, ready: Any, done: Any, out: Any
+) -> None:
     async def main() -> dict[str, int]:
         stop, codes = asyncio.Event(), Counter()
 
@@ -225,8 +236,16 @@ def _flood_process(base: str, addr: str, clients: int, done: Any, out: Any) -> N
             await asyncio.to_thread(done.wait, 300)  # bounded: the flood never outlives 5 minutes
             stop.set()
 
+        async def full() -> None:
+            for _ in range(6000):  # bounded: 60 s
+                if codes.total() >= 2 * clients:  # every loop is past its first round trip
+                    break
+                await asyncio.sleep(0.01)
+            ready.set()
+
         watcher = asyncio.create_task(watch())
-        await _flood(base, "flooded", addr, clients, stop, codes)
+        _ready = asyncio.create_task(full())
+        await _flood(base, sites, addr, clients, stop, codes, stale=stale)
         await watcher
         return dict(codes)
 
@@ -234,37 +253,57 @@ def _flood_process(base: str, addr: str, clients: int, done: Any, out: Any) -> N
 
 
 async def _wrongpw(
-    base: str, sites: dict[str, str], flood: int, flood_addr: str, samples: int
+    base: str, sites: dict[str, str], flood: int, flood_addr: str, samples: int, stale: bool, same_site: bool
 ) -> dict[str, Any]:
     names = list(sites)
     idle = [await _first_call(base, s, sites[s]) for s in names[:samples]]
     # The flood runs in its own process, so that its client-side work does not delay the timed client.
+    # Fresh passwords go to a site of their own; stale ones to the timed clients' sites, from their address.
+    flooded, client_addr = (names[samples : 2 * samples], flood_addr) if stale else (["flooded"], "127.0.0.1")
+    if same_site and not stale:  # fresh wrong passwords aimed at the timed clients' own sites
+        flooded = names[samples : 2 * samples]
     ctx = multiprocessing.get_context("spawn")
-    out, done = ctx.Queue(), ctx.Event()
-    proc = ctx.Process(target=_flood_process, args=(base, flood_addr, flood, done, out))
+    out, ready, done = ctx.Queue(), ctx.Event(), ctx.Event()
+    args = (base, flooded, flood_addr, flood, stale, ready, done, out)
+    proc = ctx.Process(target=_flood_process, args=args)
     proc.start()
-    await asyncio.sleep(3.0)  # spawn + let the flood fill every queue
+    await asyncio.to_thread(ready.wait, 90)  # the flood is at full strength
+    started = time.monotonic()
     loaded = []
     for s in names[samples : 2 * samples]:
-        loaded.append(await _first_call(base, s, sites[s]))
-        await asyncio.sleep(0.2)
+        loaded.append(await _first_call(base, s, sites[s], client_addr))
+        await asyncio.sleep(1.0)
+    flood_seconds = time.monotonic() - started
+    served = [x for x in loaded if x > 0]
     done.set()
     codes = await asyncio.to_thread(out.get, True, 120)
     proc.join()
     return {
         "idle_first_call_ms": [round(x * 1000, 1) for x in idle],
-        "flooded_first_call_ms": [round(x * 1000, 1) for x in loaded],
-        "flooded_median_ms": round(statistics.median(loaded) * 1000, 1),
-        "flooded_max_ms": round(max(loaded) * 1000, 1),
+        "flooded_first_call_ms": [round(x * 1000, 1) if x > 0 else f"HTTP {-x:.0f}" for x in loaded],
+        "flooded_median_ms": round(statistics.median(served) * 1000, 1) if served else None,
+        "flooded_max_ms": round(max(served) * 1000, 1) if served else None,
+        "refused": len(loaded) - len(served),
         "flood_responses": codes,
+        "flooded_for_s": round(flood_seconds, 1),
     }
 
 
 def cmd_wrongpw(args: argparse.Namespace) -> None:
     sites = {f"client{i}": f"pw-{i}" for i in range(2 * args.samples)} | {"flooded": "right"}
-    with server(args.src, sites) as (base, _proc):
-        out = asyncio.run(_wrongpw(base, sites, args.flood, args.flood_addr, args.samples))
-    out.update(scenario="wrongpw", flood=args.flood, flood_addr=args.flood_addr, src=str(args.src))
+    with server(args.src, sites, workers=args.workers) as (base, _proc):
+        out = asyncio.run(
+            _wrongpw(base, sites, args.flood, args.flood_addr, args.samples, args.stale, args.same_site)
+        )
+    out.update(
+        scenario="wrongpw",
+        flood=args.flood,
+        flood_addr=args.flood_addr,
+        stale=args.stale,
+        same_site=args.same_site,
+        workers=args.workers,
+        src=str(args.src),
+    )
     print(json.dumps(out))
 
 
@@ -566,7 +605,18 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--flood-addr",
         default="127.0.0.2",
-        help="loopback address the flood comes from, or spread:N for N addresses (127.0.1.x)",
+        help="loopback address the flood comes from, or spread:N for N addresses (127.0.150.x)",
+    )
+    p.add_argument(
+        "--stale",
+        action="store_true",
+        help="the flood repeats one stale password per timed client's site, from the timed clients' address",
+    )
+    p.add_argument("--workers", type=int, default=1)
+    p.add_argument(
+        "--same-site",
+        action="store_true",
+        help="fresh wrong passwords for the timed clients' own sites (the shape fair shares cannot defend)",
     )
     p.add_argument("--samples", type=int, default=5, help="new correct clients timed (idle, then flooded)")
     p = add("bodies", cmd_bodies)

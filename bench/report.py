@@ -223,3 +223,28 @@ def write_plot(path: str, rows: Sequence[Row]) -> bool:
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return True
+
+
+RESULTS_BEGIN = "<!-- bench-results:begin (written by `python -m bench --write-doc`; do not edit) -->"
+RESULTS_END = "<!-- bench-results:end -->"
+
+
+def results_block(text: str) -> str:
+    """The bench-written results block of docs/PERFORMANCE.md (the one home of the figures)."""
+    start, end = text.index(RESULTS_BEGIN), text.index(RESULTS_END)
+    return text[start + len(RESULTS_BEGIN) : end]
+
+
+def write_results_doc(
+    path: str, rows: Sequence[Row], env: dict[str, Any], command: str, profile: str
+) -> None:
+    """Replace the results block of ``path`` (docs/PERFORMANCE.md) with this run's Markdown table."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    start, end = text.index(RESULTS_BEGIN) + len(RESULTS_BEGIN), text.index(RESULTS_END)
+    when = str(env.get("time", ""))[:10]
+    block = f"\n`{command}` ({profile} profile), commit `{env.get('commit', '?')}`, {when}:\n\n"
+    block += format_table(rows, markdown=True) + "\n"
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        f.write(text[:start] + block + text[end:])
+    os.replace(path + ".tmp", path)

@@ -30,7 +30,7 @@ from .mcp_calls import measure_mcp
 from .peer import measure_peer
 from .postgres import measure_mcp_postgres, measure_postgres
 from .reads import measure_reads
-from .report import environment, format_table, load_json, write_json, write_plot
+from .report import environment, format_table, load_json, write_json, write_plot, write_results_doc
 from .stats import Row
 from .ui_page import measure_ui_page
 
@@ -111,6 +111,9 @@ def run(profile: Profile, args: argparse.Namespace) -> tuple[list[Row], list[str
     return rows, failures
 
 
+DOC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "PERFORMANCE.md")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description="logstore benchmarks (issue 7)")
     mode = parser.add_mutually_exclusive_group()
@@ -131,10 +134,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     parser.add_argument("--strict", action="store_true", help="re-raise the first failure")
     parser.add_argument("--show", metavar="JSON", help="re-print the table of a results file and exit")
+    parser.add_argument(
+        "--write-doc",
+        action="store_true",
+        help=f"also write the table into {DOC} (the one home of the figures; README points there)",
+    )
     args = parser.parse_args(argv)
     if args.show:
         doc, shown = load_json(args.show)
         print(format_table(shown, markdown=args.markdown))
+        if args.write_doc:
+            write_results_doc(DOC, shown, doc["environment"], doc["command"], doc["profile"])
         print(f"\n{doc['command']} ({doc['profile']} profile, {doc['environment'].get('time')})")
         return 0
 
@@ -151,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     env["loadavg_end"] = os.getloadavg()
 
     print(format_table(rows, markdown=args.markdown))
+    if args.write_doc:
+        write_results_doc(DOC, rows, env, command.strip(), profile.name)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     json_path = os.path.join(args.out, f"bench-{profile.name}-{stamp}.json")
     write_json(json_path, profile.name, rows, env, command.strip())

@@ -1,12 +1,14 @@
 """HTTP Basic authentication for ``/mcp``: the user name is the site, checked on every request.
 
-Cost model: the first request with a given ``Authorization`` header runs scrypt (in a worker thread, admitted
-by ``server.kdf_gate``: its own small pool, a bounded queue that serves addresses without recent failures
-first, and a per-address failure throttle answering 429); after that the header's
-SHA-256 maps straight to the site, so an authenticated request costs a hash and a dict lookup. Both caches
-(good and bad headers) are dropped whenever ``credentials.json`` changes, which the authenticator notices
-with a ``stat`` at most once per ``reload_interval`` — so ``logstore site remove`` takes effect on a running
-server within about a second.
+Cost model: the first request with given credentials runs scrypt (in a worker thread, admitted by
+``server.kdf_gate``: its own small pool, a bounded queue in fair shares per site, and a per-(address,
+site) failure throttle answering 429). The outcome is remembered under a keyed hash of (site, password)
+(BLAKE2b with a key drawn at start, so the memory holds nothing an offline guesser could use): a
+known-good request then costs a hash and a dict lookup, and a *repeated* failure — an agent with a stale
+password retrying — costs no scrypt either, does not count against the throttle, and is answered after
+``REMEMBERED_FAILURE_HOLD`` so a retry loop cannot keep the event loop busy. Both memories are dropped
+whenever ``credentials.json`` changes, which the authenticator notices with a ``stat`` at most once per
+``reload_interval`` — so ``logstore site remove`` takes effect on a running server within about a second.
 
 The authenticated site rides on the ASGI scope as an ``AuthenticatedUser`` whose ``client_id`` is the
 site: the SDK's session manager binds each stateful session to that identity and answers 404 to a request
@@ -19,7 +21,9 @@ import base64
 import binascii
 import hashlib
 import logging
+import os
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -40,7 +44,11 @@ __all__ = ["SiteUser", "Authenticator", "BasicAuthMiddleware", "site_of_scope"]
 
 log = logging.getLogger("logstore.server.auth")
 
-_CACHE_MAX = 10_000
+_CACHE_MAX = 10_000  # remembered credentials, good and bad each; the oldest is forgotten first
+# Seconds a failure answered from memory is held before its 401: a client retrying the same wrong
+# password in a loop asks at most once a second per connection, as cheap as an idle connection.
+REMEMBERED_FAILURE_HOLD = 1.0
+_UNKNOWN_SITES = "?unknown"  # the one fair share of every site name that does not exist
 
 
 class SiteUser(AuthenticatedUser):
@@ -69,6 +77,7 @@ class Authenticator:
         *,
         reload_interval: float = 1.0,
         limits: HttpLimits | None = None,
+        failure_hold: float = REMEMBERED_FAILURE_HOLD,
     ) -> None:
         limits = limits if limits is not None else HttpLimits()
         self._file = credentials
@@ -76,9 +85,11 @@ class Authenticator:
         self._next_check = 0.0
         self._identity: Hashable | None = _NEVER_LOADED
         self._entries: dict[str, dict[str, Any]] = {}
-        self._good: dict[bytes, SiteUser] = {}
-        self._bad: set[bytes] = set()
-        self._pending: dict[bytes, anyio.Event] = {}  # header digests being verified right now
+        self._key = os.urandom(32)  # for the keyed hash of presented credentials
+        self._good: OrderedDict[bytes, SiteUser] = OrderedDict()
+        self._bad: OrderedDict[bytes, None] = OrderedDict()
+        self._failure_hold = failure_hold
+        self._pending: dict[bytes, anyio.Event] = {}  # credentials being verified right now
         self._kdf = KdfGate(limits)
         self._throttle = FailureThrottle(limits)
         # Unknown sites are checked against this, so they take as long as a wrong password does.
@@ -105,50 +116,63 @@ class Authenticator:
     async def authenticate(self, authorization: bytes, client: str = "") -> SiteUser | None:
         """The site for a ``Basic`` header value (the whole header), or None if it does not verify.
 
-        ``client`` is the peer address the per-address throttle counts failures against. Raises
+        ``client`` is the peer address the throttle counts failures against (with the site). Raises
         ``AuthThrottled`` or ``AuthShed`` (see ``server.kdf_gate``) when verification is refused."""
         self._refresh()
-        key = hashlib.sha256(authorization).digest()
+        parsed = _parse_basic(authorization)
+        if parsed is None:  # not even user:password; nothing secret to time, no scrypt needed
+            await anyio.sleep(self._failure_hold)
+            return None
+        site, password = parsed
+        key = hashlib.blake2b(f"{site}:{password}".encode(), key=self._key, digest_size=32).digest()
         user = self._good.get(key)
         if user is not None:
             return user
         if key in self._bad:
+            await anyio.sleep(self._failure_hold)
             return None
         pending = self._pending.get(key)
         if pending is not None:
             # Clients tend to open several connections at once with the same credentials: one KDF run.
             await pending.wait()
             return await self.authenticate(authorization, client)
-        suspect = self._throttle.begin(client)
+        throttled_as = site if is_valid_site(site) else ""  # bounded keys: never an arbitrary string
+        suspect = self._throttle.begin(client, throttled_as)
         self._pending[key] = event = anyio.Event()
         failed = False  # refused (shed, cancelled) is not a failed password
         try:
-            user = await self._verify(key, authorization, suspect)
+            user = await self._verify(key, site, password, suspect)
             failed = user is None
             return user
         finally:
-            self._throttle.end(client, failed=failed)
+            self._throttle.end(client, throttled_as, failed=failed)
             del self._pending[key]
             event.set()
 
-    async def _verify(self, key: bytes, authorization: bytes, suspect: bool) -> SiteUser | None:
-        parsed = _parse_basic(authorization)
-        site, password = parsed if parsed is not None else ("", "")
+    async def _verify(self, key: bytes, site: str, password: str, suspect: bool) -> SiteUser | None:
         entry = self._entries.get(site) if is_valid_site(site) else None
         entries_seen = self._entries
-        ok = await self._kdf.run(verify_password, entry or self._decoy, password, suspect=suspect)
-        ok = ok and entry is not None and parsed is not None
+        # Fair shares per existing site, one for all unknown names: a flood aimed at one site, or at
+        # made-up names, gets one turn in N. (So under such a flood a request's wait can tell whether its
+        # site exists; site names are user names, not secrets. Unflooded, both cost one scrypt run.)
+        share = site if entry is not None else _UNKNOWN_SITES
+        stored = entry or self._decoy
+        ok = await self._kdf.run(verify_password, stored, password, share=share, suspect=suspect)
+        ok = ok and entry is not None
         if self._entries is not entries_seen:  # credentials reloaded meanwhile: decide afresh
-            return await self._verify(key, authorization, suspect)
-        cache = self._good if ok else self._bad
-        if len(cache) >= _CACHE_MAX:
-            cache.clear()
+            return await self._verify(key, site, password, suspect)
         if ok:
             user = SiteUser(site)
-            self._good[key] = user
+            _remember(self._good, key, user)
             return user
-        self._bad.add(key)
+        _remember(self._bad, key, None)
         return None
+
+
+def _remember(cache: OrderedDict[bytes, Any], key: bytes, value: Any) -> None:
+    cache[key] = value
+    if len(cache) > _CACHE_MAX:
+        cache.popitem(last=False)
 
 
 def _parse_basic(authorization: bytes) -> tuple[str, str] | None:
@@ -220,6 +244,7 @@ class BasicAuthMiddleware:
         except AuthShed:
             self._on_failure("shed")
             log.warning("shedding an authentication: the verification queue is full")
+            await anyio.sleep(THROTTLE_DELAY)  # as for 429: a shed flood must not spin the event loop
             message = "server busy verifying credentials; retry shortly"
             await json_error(send, 503, "Unavailable", message, headers=[(b"retry-after", b"1")])
             return

@@ -68,7 +68,7 @@ class RunningServer:
         return Path(self.stdout_path).read_text()
 
 
-def wait_healthy(base: str, proc: subprocess.Popen[str], timeout: float = 20.0) -> None:
+def wait_healthy(base: str, proc: subprocess.Popen[str], timeout: float = 90.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:

@@ -65,7 +65,10 @@ class Writers:
         assert not self.errors, self.errors
 
 
-def wait_for(predicate, timeout: float = 30.0) -> None:
+LONG_WAIT = 300.0  # seconds: bounds a wait that only a hang would reach
+
+
+def wait_for(predicate, timeout: float = LONG_WAIT) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         assert time.monotonic() < deadline, "writers made no progress"
@@ -83,15 +86,17 @@ def assert_backup_holds(src: str, dst: str, acked_before: dict[str, int]) -> Non
 
 def test_backup_under_16_writers_incremental_erasure_and_restore(tmp_path):
     src, dst, restored = (str(tmp_path / n) for n in ("data", "backup", "restored"))
-    with Store(src) as store, Writers(store) as writers:
+    # Lock waits are not what this test is about: on a busy machine 16 writers can keep a conversation's
+    # lock from the backup for over 5 s (the default), and the backup can keep it from a writer.
+    with Store(src, lock_timeout=LONG_WAIT) as store, Writers(store) as writers:
         wait_for(lambda: min(writers.acked.values()) >= 3)
         before = dict(writers.acked)
         # The CLI, in another process: the locks it takes are the cross-process flocks.
-        first = logstore("backup", dst, "--data-dir", src, "--json")
+        first = logstore("backup", dst, "--data-dir", src, "--json", "--lock-timeout", str(LONG_WAIT))
         assert first.returncode == 0, first.stderr
         wait_for(lambda: min(writers.acked[c] - before[c] for c in CIDS) >= 3)
         before_second = dict(writers.acked)
-        second = backup(src, dst)
+        second = backup(src, dst, lock_timeout=LONG_WAIT)
         assert second.conversations == WRITERS and second.whole_copies == 0  # every copy was reused
         assert 0 < second.bytes_copied < second.bytes_total  # only what was appended since
     assert_backup_holds(src, dst, before)

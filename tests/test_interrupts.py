@@ -109,7 +109,7 @@ _CHILD = textwrap.dedent(
     import sys, threading, time
     from logstore import Store
 
-    store = Store(sys.argv[1], lock_timeout=5.0)
+    store = Store(sys.argv[1], lock_timeout=30.0)  # a leaked lock fails the append after the interrupt
     stop = False
 
     def background(t):
@@ -125,12 +125,13 @@ _CHILD = textwrap.dedent(
         threading.Thread(target=background, args=(t,), daemon=True).start()
     print("READY", flush=True)
     try:
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 300  # bounded: a lost interrupt ends here, as COMPLETED
         while time.monotonic() < deadline:
             store.append("local", "conv-interrupt-01", [{"main": 1}])
         print("COMPLETED", flush=True)
         sys.exit(2)
     except KeyboardInterrupt:
+        stop = True  # the appending threads finish their batch: only a leaked lock can block the next one
         started = time.monotonic()
         r = store.append("local", "conv-interrupt-01", [{"after": "interrupt"}])
         print("OK", r.first, round(time.monotonic() - started, 3), flush=True)
@@ -153,12 +154,11 @@ def test_sigint_during_an_append_loop_always_interrupts_and_leaves_no_lock_held(
         )
         assert proc.stdout is not None and proc.stdout.readline().strip() == "READY"
         procs.append(proc)
-    started = time.monotonic()
     for proc in procs:
         time.sleep(rng.uniform(0.05, 0.4))
         proc.send_signal(signal.SIGINT)
-    outputs = [proc.communicate(timeout=30)[0] for proc in procs]
-    assert time.monotonic() - started < 20, "an interrupt was ignored: the loop ran to its end"
+    # No wall-clock guess (a busy machine once took 20.08 s against a 20 s limit): an ignored interrupt
+    # shows as COMPLETED (the child's loop ran to its 300 s end), a leaked lock as a LockTimeout (30 s).
+    outputs = [proc.communicate(timeout=600)[0] for proc in procs]
     for proc, out in zip(procs, outputs, strict=True):
         assert proc.returncode == 0 and out.startswith("OK "), out
-        assert float(out.split()[2]) < 4.0, f"the append after the interrupt waited on a lock: {out}"

@@ -293,6 +293,13 @@ def _hammer(stores, conversations, *, writers, seconds, max_batches, stop=None):
     return threads, acked, errors, unexpected
 
 
+def _wait_until(predicate, timeout: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "the awaited event did not come"
+        time.sleep(0.05)
+
+
 def _check_gapless_and_acked(store, conversations, acked):
     by_id = {}
     for cid in conversations:
@@ -355,18 +362,17 @@ def test_fast_shutdown_mid_load_is_unavailable_then_recovers_losing_nothing(post
     conversations = ["restart-0001", "restart-0002", "restart-0003"]
     stop = threading.Event()
     try:
+        # Events, not wall-clock guesses (a busy machine once saw nothing acknowledged in the old fixed
+        # 0.5 s, or no recovery within 15 s): each wait is for what it names, bounded generously.
         threads, acked, errors, unexpected = _hammer(
-            stores, conversations, writers=6, seconds=30, max_batches=10_000, stop=stop
+            stores, conversations, writers=6, seconds=600, max_batches=10_000, stop=stop
         )
-        time.sleep(0.5)
+        _wait_until(lambda: len(acked) >= 20 or unexpected)  # the writers are under way
         postgres_server.stop("fast")
-        before = len(acked)
-        time.sleep(1.5)  # down for longer than the pool waits for a connection
-        down_errors = len(errors)
+        _wait_until(lambda: len(errors) >= 6 or unexpected)  # the writers saw the outage
+        before, down_errors = len(acked), len(errors)
         postgres_server.start()
-        restarted = time.monotonic()
-        while time.monotonic() - restarted < 15 and len(acked) < before + 100:
-            time.sleep(0.1)
+        _wait_until(lambda: len(acked) >= before + 100 or unexpected)
         stop.set()
         for t in threads:
             t.join()

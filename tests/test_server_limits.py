@@ -13,7 +13,7 @@ import pytest
 from logstore.core.limits import MAX_BATCH_BYTES, MAX_BATCH_ITEMS
 from server.config import ServeConfig
 from server.http_limits import MAX_REQUEST_BODY, HttpLimits
-from server.kdf_gate import AuthShed, AuthThrottled, FailureThrottle, KdfGate
+from server.kdf_gate import ADDRESS_FACTOR, AuthShed, AuthThrottled, FailureThrottle, KdfGate
 from server.log_guard import RateLimitFilter
 from server.request_guard import BodyGuard
 
@@ -51,24 +51,31 @@ def test_limits_come_from_the_environment_and_are_validated():
         ServeConfig.from_env({"LOGSTORE_BODY_TIMEOUT": "0"})
 
 
-async def test_kdf_gate_serves_clean_addresses_before_suspect_ones_and_sheds_suspects_first():
-    gate = KdfGate(HttpLimits(kdf_threads=1, kdf_queue=3))
-    release = threading.Event()
-    order: list[str] = []
+class GateProbe:
+    """Submits named jobs to a one-thread gate; the job "blocker" holds the thread until ``release``."""
 
-    def work(name: str) -> str:
+    def __init__(self, queue: int) -> None:
+        self.gate = KdfGate(HttpLimits(kdf_threads=1, kdf_queue=queue))
+        self.release = threading.Event()
+        self.order: list[str] = []
+        self.outcomes: dict[str, str] = {}
+
+    def _work(self, name: str) -> str:
         if name == "blocker":
-            release.wait(10)
-        order.append(name)
+            self.release.wait(10)
+        self.order.append(name)
         return name
 
-    outcomes: dict[str, str] = {}
-
-    async def submit(name: str, suspect: bool) -> None:
+    async def submit(self, name: str, suspect: bool = False, share: str = "") -> None:
         try:
-            outcomes[name] = await gate.run(work, name, suspect=suspect)
+            self.outcomes[name] = await self.gate.run(self._work, name, share=share, suspect=suspect)
         except AuthShed:
-            outcomes[name] = "shed"
+            self.outcomes[name] = "shed"
+
+
+async def test_kdf_gate_serves_clean_addresses_before_suspect_ones_and_sheds_suspects_first():
+    probe = GateProbe(queue=3)
+    submit, release, order, outcomes = probe.submit, probe.release, probe.order, probe.outcomes
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(submit, "blocker", False)
@@ -83,6 +90,45 @@ async def test_kdf_gate_serves_clean_addresses_before_suspect_ones_and_sheds_sus
         release.set()
     assert outcomes["s4"] == "shed" and outcomes["s3"] == "shed"
     assert order == ["blocker", "clean", "s1", "s2"]
+
+
+async def test_kdf_gate_gives_each_share_its_turn_so_one_flooded_share_cannot_take_every_slot():
+    probe = GateProbe(queue=4)
+    release, order, outcomes = probe.release, probe.order, probe.outcomes
+
+    async def submit(name: str, share: str) -> None:
+        await probe.submit(name, share=share)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(submit, "blocker", "flood")
+        await anyio.sleep(0.05)
+        for name in ("f1", "f2", "f3", "f4", "f5"):  # clean, fresh sources: f5 finds the queue full
+            tg.start_soon(submit, name, "flood")
+            await anyio.sleep(0.01)
+        tg.start_soon(submit, "alpha", "alpha")  # full: the largest share gives up its newest (f4)
+        await anyio.sleep(0.01)
+        tg.start_soon(submit, "f6", "flood")  # full, and its share is the largest: shed itself
+        await anyio.sleep(0.05)
+        release.set()
+    assert outcomes["f5"] == outcomes["f4"] == outcomes["f6"] == "shed"
+    assert order == ["blocker", "f1", "alpha", "f2", "f3"]  # alpha's share had its turn after one flood run
+
+
+def test_failure_throttle_is_per_address_and_site_with_a_wider_cap_per_address():
+    throttle = FailureThrottle(HttpLimits(auth_failures=2, auth_failure_window=60))
+    for _ in range(2):
+        throttle.begin("a", "gamma")
+        throttle.end("a", "gamma", failed=True)
+    with pytest.raises(AuthThrottled):
+        throttle.begin("a", "gamma")
+    assert throttle.begin("a", "alpha") is False  # a neighbour's site on the same address: clean
+    throttle.end("a", "alpha", failed=False)
+    for k in range(2 * ADDRESS_FACTOR - 2):  # spraying site names: the address-wide cap (2 x factor)
+        throttle.begin("a", f"s{k}")
+        throttle.end("a", f"s{k}", failed=True)
+    with pytest.raises(AuthThrottled):
+        throttle.begin("a", "alpha")
+    assert throttle.begin("b", "alpha") is False
 
 
 def test_failure_throttle_counts_in_flight_and_failed_per_address_per_window():

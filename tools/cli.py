@@ -95,10 +95,11 @@ def describe_error(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         where = f": {exc.filename}" if exc.filename else ""
         hint = ""
-        if isinstance(exc, PermissionError):
-            hint = " (is the data dir writable by this user?)"
-        elif isinstance(exc, NotADirectoryError):
-            hint = " (the data dir, or a directory in it, is a file)"
+        # The path says whose problem it is (data dir, destination, --out file): name it, never guess.
+        if isinstance(exc, PermissionError) and exc.filename:
+            hint = f" (can this user write to {os.path.dirname(os.path.abspath(exc.filename))}?)"
+        elif isinstance(exc, NotADirectoryError | FileExistsError) and exc.filename:
+            return f"not a directory: {exc.filename} (a file stands where a directory is needed)"
         return f"{exc.strerror}{where}{hint}"
     return str(exc) or type(exc).__name__
 

@@ -87,5 +87,10 @@ def cmd_status(args: argparse.Namespace) -> int:
             found = schema_version(conn)
     except psycopg.Error as exc:
         return _fail("status", exc)
-    print(f"schema version {found} (this logstore needs {SCHEMA_VERSION})")
+    advice = ""
+    if found < SCHEMA_VERSION:
+        advice = ": run `logstore db migrate --store URL` to create or upgrade it"
+    elif found > SCHEMA_VERSION:
+        advice = ": a newer logstore migrated this database; upgrade logstore"
+    print(f"schema version {found} (this logstore needs {SCHEMA_VERSION}){advice}")
     return 0 if found == SCHEMA_VERSION else EXIT_FAILURE

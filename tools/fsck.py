@@ -38,6 +38,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     fsck.add_argument("data_dir_positional", nargs="?", metavar="DATA_DIR", help="same as --data-dir")
     add_data_dir_argument(fsck, default=False)
+    fsck.add_argument(
+        "--store",
+        metavar="URL",
+        help="file:DIR, the same as --data-dir (fsck checks the file engine's data dirs; a postgresql:// "
+        "store's pages are PostgreSQL's to check, its schema `logstore db status`'s)",
+    )
     fsck.add_argument("--site", help="check only this site")
     fsck.add_argument("--conversation", help="check only this conversation (in --site, or every site)")
     fsck.add_argument(
@@ -210,6 +216,28 @@ def _summary_line(report: CheckReport) -> str:
     return text
 
 
+def _not_a_data_dir(data_dir: str) -> str:
+    where = os.path.abspath(data_dir)
+    if not os.path.exists(data_dir):
+        return f"no data dir at {where} (give --data-dir DIR, or set LOGSTORE_DATA_DIR)"
+    return f"{where} is not a logstore data dir (no sites/ directory)"
+
+
+def _file_store_dir(url: str, data_dir: str | None) -> str:
+    """The data dir of ``--store file:DIR``; ValueError saying what to use for any other store."""
+    from logstore.core.factory import parse_store_url
+
+    scheme, rest = parse_store_url(url)
+    if scheme != "file":
+        raise ValueError(
+            "fsck checks a file data dir (--data-dir DIR or --store file:DIR); a PostgreSQL store is "
+            "checked by PostgreSQL itself (amcheck, pg_dump), its schema by `logstore db status --store URL`"
+        )
+    if data_dir is not None:
+        raise ValueError("give --store or --data-dir, not both")
+    return rest
+
+
 def cmd_fsck(args: argparse.Namespace) -> int:
     from logstore.core.errors import LogstoreError
     from logstore.fsck.check import check
@@ -217,6 +245,8 @@ def cmd_fsck(args: argparse.Namespace) -> int:
     from .cli import data_dir_of
 
     try:
+        if args.store:
+            args.data_dir = _file_store_dir(args.store, args.data_dir)
         data_dir = data_dir_of(args, args.data_dir_positional)
     except ValueError as exc:
         return _usage("fsck", exc)
@@ -319,6 +349,8 @@ def cmd_dump(args: argparse.Namespace) -> int:
             data_dir, site, conversation = where
             validate_site(site)
             validate_conversation_id(conversation)
+            if not os.path.isdir(os.path.join(data_dir, "sites")):
+                return _fail("dump", _not_a_data_dir(data_dir))
             what = f"conversation {conversation} in site {site}"
             paths = conversation_paths(os.path.abspath(data_dir), site, conversation)
         bad = 0
@@ -368,8 +400,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     if url is not None:
         data_dir = url.removeprefix("file:")
     try:
-        if not os.path.isdir(data_dir):
-            raise ValueError(f"data dir {data_dir} does not exist")
+        if not os.path.isdir(os.path.join(data_dir, "sites")):
+            raise ValueError(_not_a_data_dir(data_dir))
     except (LogstoreError, ValueError) as exc:
         return _fail("export", exc)
     paths = conversation_paths(os.path.abspath(data_dir), site, conversation)
@@ -378,7 +410,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     try:
         out = open(args.out, "wb") if args.out else sys.stdout.buffer  # noqa: SIM115 - closed below
     except OSError as exc:
-        return _fail("export", exc)
+        from .cli import describe_error
+
+        return _fail("export", f"cannot write --out: {describe_error(exc)}")
     try:
         count = export_items(OS_FILE_OPS, paths, out, lock_timeout=args.lock_timeout)
     except BrokenPipeError:

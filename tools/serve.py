@@ -30,14 +30,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="run the MCP server",
         description="Serve the four memory tools over streamable HTTP at /mcp (HTTP Basic auth, one "
         "site per user), or to one local client over stdin/stdout (--stdio). On a data dir with no sites "
-        "the first HTTP start creates the site 'local' and prints how to connect, once. Every flag has a "
+        "the first HTTP start creates the site 'local' and prints how to connect, once (a postgresql:// "
+        "store gets no site by itself: `logstore site add NAME --store URL`). Every flag has a "
         "LOGSTORE_* variable; flags win. Exit: 0 stopped, 1 cannot start (port in use, data dir "
         "unusable), 2 bad setting, 130 interrupted.",
     )
     # Defaults are None so that environment variables (then built-in defaults) fill what was not given.
     where = p.add_mutually_exclusive_group()
     where.add_argument(
-        "--store", metavar="URL", help="store URL, e.g. file:/var/lib/logstore (env LOGSTORE_STORE)"
+        "--store",
+        metavar="URL",
+        help="store URL: file:DIR (the embedded default), or postgresql://[user@]host[:port]/db (needs the "
+        "postgres extra and `logstore db migrate --store URL` first; docs/SCALING.md) (env LOGSTORE_STORE)",
     )
     where.add_argument(
         "--data-dir",
@@ -213,18 +217,50 @@ class StartupError(Exception):
     """The server cannot start (exit 1): said before the data dir is touched."""
 
 
+def check_store(store_url: str) -> None:
+    """A PostgreSQL store is usable as it is (the extra installed, reachable, schema migrated); else
+    ``StartupError`` with one line naming the fix. A file store needs nothing here."""
+    from logstore.core.factory import parse_store_url
+
+    if parse_store_url(store_url)[0] == "file":
+        return
+    try:
+        import psycopg_pool  # noqa: F401 - the server's pool (`db migrate` works without it)
+
+        from logstore.postgres.schema import StartupRefused, startup_check
+    except ModuleNotFoundError as exc:
+        raise StartupError(
+            f"{exc.name} is not installed: serving a postgresql:// store needs the postgres extra "
+            "(pip install 'logstore[postgres]')"
+        ) from None
+    try:
+        startup_check(store_url)
+    except StartupRefused as exc:
+        raise StartupError(str(exc)) from None
+
+
 def _first_run_setup(config: ServeConfig) -> None:
-    """Create the ``local`` site on a data dir that has none, and print how to connect (once)."""
+    """Create the ``local`` site on a file data dir that has none, and print how to connect (once).
+
+    A database gets no site by itself: its sites come from ``site add`` or from ``logstore migrate``
+    (a site created here would stand in the way of migrating a data dir's ``local``)."""
     from logstore.core.factory import open_registry, parse_store_url
     from logstore.core.registry import generate_password
 
     creds = open_registry(config.store_url)
     url = endpoint_url(config.host, config.port, config.ssl_certfile is not None)
     sites = creds.sites()
-    if not sites:
+    scheme, rest = parse_store_url(config.store_url)
+    if not sites and scheme != "file":
+        print(
+            f"logstore MCP server: {url}  (no sites in this database yet: add one with `logstore site add "
+            "NAME --store URL`, or bring a data dir's with `logstore migrate --from file:DIR --to URL`)",
+            flush=True,
+        )
+    elif not sites:
         password = generate_password()
         creds.add("local", password)
-        print(quickstart_text(url, "local", password, parse_store_url(config.store_url)[1]), flush=True)
+        print(quickstart_text(url, "local", password, rest), flush=True)
     else:
         shown = ", ".join(sites[:10]) + (f" and {len(sites) - 10} more" if len(sites) > 10 else "")
         print(f"logstore MCP server: {url}  (HTTP Basic auth; sites: {shown})", flush=True)
@@ -274,14 +310,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # Logs go to stderr in both modes; in stdio mode stdout carries the protocol.
     configure_logging(config.log_level, log_format=config.log_format, access_log=config.access_log)
 
-    if config.stdio:
-        run_stdio(config)
-        return 0
     try:
-        check_bindable(config.host, config.port)
+        check_store(config.store_url)
+        if not config.stdio:
+            check_bindable(config.host, config.port)
     except StartupError as exc:
         print(f"logstore serve: {exc}", file=sys.stderr)
         return 1
+    if config.stdio:
+        run_stdio(config)
+        return 0
     _first_run_setup(config)
     if config.ssl_certfile is None and not _is_loopback(config.host):
         logging.getLogger("logstore.server").warning(

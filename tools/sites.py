@@ -13,6 +13,7 @@ Exit codes: 0 done, 1 failed (site exists / unknown, data dir missing or unusabl
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
@@ -111,6 +112,8 @@ def _registry(args: argparse.Namespace) -> tuple[SiteRegistry, str | None]:
 
     url = store_url_of(args)
     scheme, rest = parse_store_url(url)
+    if scheme == "file" and os.path.exists(rest) and not os.path.isdir(rest):
+        raise NotADirectoryError(errno.ENOTDIR, "Not a directory", rest)  # exit 1, one line (cli)
     return open_registry(url), (os.path.abspath(rest) if scheme == "file" else None)
 
 

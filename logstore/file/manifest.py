@@ -83,6 +83,7 @@ class SiteManifest:
         self._table = ManifestTable()
         self._sessions: set[Session] = set()  # open in the state loaded (snapshot sessions + marks)
         self._marked = False  # the state holds evidence of sessions (a v2 snapshot or a mark)
+        self._no_manifest = False  # no snapshot and no journal on disk: a new site
         self._session: Session | None = None  # ours, once its open mark is durable
         self._unwritten: dict[str, Entry] = {}  # applied, but their journal write failed
         self._gen, self._successor, self._unchecked = 0, (-1, ""), 0  # the last two: see _append_bytes
@@ -107,7 +108,7 @@ class SiteManifest:
                 raise self._io_error("load", exc) from exc
             self._loaded = True
             self._reconciliation = Reconciliation.start_if_needed(
-                self, self._sessions, damaged=self._damaged, marked=self._marked
+                self, self._sessions, damaged=self._damaged, marked=self._marked, absent=self._no_manifest
             )
             if self._table.base.version == 1:  # written by release 41344b8: repack it, off this path
                 self._schedule_compaction()
@@ -130,6 +131,7 @@ class SiteManifest:
         self._table, self._sessions, self._read_pos = state.table, state.sessions, state.pos
         self._damaged, self._marked = state.damaged, state.marked
         self._base_gen = found.base
+        self._no_manifest = not found.base and not found.live_journals
 
     def _read_state(self, base: int, journals: list[int]) -> DiskState:
         def discover() -> list[str]:

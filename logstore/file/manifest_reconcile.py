@@ -143,7 +143,13 @@ class Reconciliation:
 
     @classmethod
     def start_if_needed(
-        cls, manifest: SiteManifest, sessions: set[Session], *, damaged: bool, marked: bool
+        cls,
+        manifest: SiteManifest,
+        sessions: set[Session],
+        *,
+        damaged: bool,
+        marked: bool,
+        absent: bool = False,
     ) -> Reconciliation | None:
         """A running sweep if the state loaded may lag the logs (module docstring), else None: every
         session closed or still running, no damaged bytes, and written by this format (``marked``)."""
@@ -157,6 +163,8 @@ class Reconciliation:
             if dead
             else "damaged manifest bytes"
             if damaged
+            else "no manifest yet (a new site, or its manifest was removed)"
+            if absent
             else "written by an older release"
         )
         log.info("manifest for site %s: %s; reconciling with the logs in the background", manifest.site, why)

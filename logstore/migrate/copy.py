@@ -142,7 +142,11 @@ def _plan(source: StoreReader, target: StoreReader, report: MigrationReport) -> 
         if site not in theirs:
             entries[site] = entry
         elif theirs[site] != entry:
-            conflicts.append(f"site {site}: the target has a different credential entry")
+            conflicts.append(
+                f"site {site}: the target has a different credential entry (if the target's {site} is "
+                f"unused, e.g. created by a first `serve` of an older release, `logstore site remove {site} "
+                "--store TARGET` makes way)"
+            )
     starts = {}
     for site in source.sites():
         report.sites += 1

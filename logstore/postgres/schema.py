@@ -160,3 +160,15 @@ def check_durability(conn: psycopg.Connection, *, allow_async_commit: bool) -> N
             f"PostgreSQL runs with {', '.join(unsafe)}: a crash can lose batches already acknowledged to "
             "clients. Turn it on, or pass --allow-async-commit to accept that loss"
         )
+
+
+def startup_check(conninfo: str) -> None:
+    """What a server checks before anything else on ``conninfo``: it connects and the schema is exactly
+    this code's version. Every failure is one ``StartupRefused`` line saying what to do (never a
+    traceback: issue 22 §2)."""
+    try:
+        with psycopg.connect(conninfo, autocommit=True, connect_timeout=15) as conn:
+            check_schema(conn)
+    except psycopg.Error as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise StartupRefused(f"cannot use the database: {first}") from None
