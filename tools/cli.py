@@ -36,7 +36,8 @@ __all__ = [
 SUBCOMMAND_MODULES: tuple[str, ...] = (
     "tools.serve",  # logstore serve
     "tools.sites",  # logstore site add|list|remove|passwd
-    "tools.fsck",  # logstore fsck|dump|export
+    "tools.fsck",  # logstore fsck
+    "tools.dump",  # logstore dump|export
     "tools.erase",  # logstore conversation delete (site remove --purge is in tools.sites)
     "tools.backup",  # logstore backup|restore
     "tools.db",  # logstore db migrate|status (PostgreSQL stores)

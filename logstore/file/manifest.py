@@ -82,8 +82,8 @@ class SiteManifest:
         self._lock = threading.RLock()
         self._table = ManifestTable()
         self._sessions: set[Session] = set()  # open in the state loaded (snapshot sessions + marks)
-        self._marked = False  # the state holds evidence of sessions (a v2 snapshot or a mark)
-        self._no_manifest = False  # no snapshot and no journal on disk: a new site
+        # The state holds evidence of sessions (a v2 snapshot or a mark); no snapshot nor journal: a new site.
+        self._marked = self._no_manifest = False
         self._session: Session | None = None  # ours, once its open mark is durable
         self._unwritten: dict[str, Entry] = {}  # applied, but their journal write failed
         self._gen, self._successor, self._unchecked = 0, (-1, ""), 0  # the last two: see _append_bytes
@@ -129,8 +129,7 @@ class SiteManifest:
         self._gen = found.newest
         state = self._read_state(found.base, found.live_journals)
         self._table, self._sessions, self._read_pos = state.table, state.sessions, state.pos
-        self._damaged, self._marked = state.damaged, state.marked
-        self._base_gen = found.base
+        self._damaged, self._marked, self._base_gen = state.damaged, state.marked, found.base
         self._no_manifest = not found.base and not found.live_journals
 
     def _read_state(self, base: int, journals: list[int]) -> DiskState:
@@ -394,13 +393,9 @@ class SiteManifest:
     def compact(self) -> bool:
         """Fold the active journal into a new snapshot. Returns False if another process is compacting."""
         lock = filelock.FileLock(
-            os.path.join(self.directory, layout.COMPACT_LOCK),
-            mode=FILE_MODE,
-            timeout=0,
-            thread_local=False,
-            fallback_to_soft=False,
-            preserve_lock_file=True,
-        )
+            os.path.join(self.directory, layout.COMPACT_LOCK), mode=FILE_MODE, timeout=0, thread_local=False,
+            fallback_to_soft=False, preserve_lock_file=True,
+        )  # fmt: skip
         try:
             lock.acquire()
         except filelock.Timeout:
