@@ -34,6 +34,9 @@ class Backend:
     # Installs ``now`` (microseconds since the Unix epoch) as the clock behind recorded_at, for this test
     # only; None when the backend cannot (tests that need it are skipped for that backend).
     set_clock: Callable[[Callable[[], int]], None] | None = None
+    # The store URL of the same storage (``logstore.core.factory.open_store``), for tests that open it in
+    # another process (tests/contract/test_cross_process.py).
+    url: str | None = None
 
 
 def file_backend(scratch: Path, monkeypatch: pytest.MonkeyPatch) -> Backend:
@@ -44,7 +47,7 @@ def file_backend(scratch: Path, monkeypatch: pytest.MonkeyPatch) -> Backend:
         # that steer the clock should notice.
         monkeypatch.setattr(importlib.import_module("logstore.file.conversation"), "_now_us", now)
 
-    return Backend("file", lambda: Store(data_dir, lock_timeout=2.0), set_clock)
+    return Backend("file", lambda: Store(data_dir, lock_timeout=2.0), set_clock, f"file:{data_dir}")
 
 
 def postgres_backend(scratch: Path, monkeypatch: pytest.MonkeyPatch) -> Backend:
@@ -68,7 +71,7 @@ def postgres_backend(scratch: Path, monkeypatch: pytest.MonkeyPatch) -> Backend:
         for store in opened:
             store.clock = now
 
-    return Backend("postgres", open_store, set_clock)
+    return Backend("postgres", open_store, set_clock, url)
 
 
 BACKENDS = [pytest.param(file_backend, id="file"), pytest.param(postgres_backend, id="postgres")]
