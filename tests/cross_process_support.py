@@ -175,3 +175,29 @@ def _serve(url: str, conn: Connection, lock_timeout: float, control: Connection 
                 return
     finally:
         store.close()
+
+
+# --------------------------------------------------------------------------- opening a new data dir at once
+def cursor_worker(index: int, conn: Connection, barrier: Any) -> None:
+    """One of N processes that, per trial, open a fresh data dir together (``("open", path)``), append to a
+    conversation of their own, list one page and report its cursor; then check the cursor handed to
+    them (``("use", cursor)``) and report ``None`` or the error's name."""
+    from logstore import LogstoreError, Store
+
+    while True:
+        message = conn.recv()
+        if message[0] == "stop":
+            return
+        _, path = message
+        barrier.wait(CALL_TIMEOUT)  # every opener starts at the same moment
+        with Store(path) as store:
+            store.append("site-a", f"conv-opener-{index}", [{"by": index}])
+            barrier.wait(CALL_TIMEOUT)  # every conversation exists: each first page has a cursor
+            cursor = store.list_conversations("site-a", None, 1).next_cursor
+            conn.send(cursor)
+            _, handed = conn.recv()
+            try:
+                page = store.list_conversations("site-a", handed, 1)
+                conn.send(None if len(page.conversations) == 1 else f"page of {len(page.conversations)}")
+            except LogstoreError as exc:
+                conn.send(type(exc).__name__)

@@ -58,7 +58,7 @@ __all__ = [
 
 SECTOR = 512
 # Calls for which ENOSPC is plausible (they may need new blocks or inodes).
-WRITE_LIKE = frozenset({"create", "pwrite", "append", "fdatasync", "fsync", "mkdir", "rename"})
+WRITE_LIKE = frozenset({"create", "pwrite", "append", "fdatasync", "fsync", "mkdir", "rename", "link"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -381,6 +381,19 @@ class FaultFS(FileOps):
                 assert sp is dp, "the engine only renames within one directory"
                 if sp is not None:
                     sp.dir_pending.append(("rename", sname, dname))
+            self._point()
+
+    def link(self, src: str, dst: str) -> None:
+        src, dst = os.path.abspath(src), os.path.abspath(dst)
+        with self._mutex:
+            self._begin("link", dst)
+            os.link(src, dst)
+            node = self._live.get(src)
+            if node is not None and self._tracked(dst):
+                self._live[dst] = node
+                parent, name = self._parent(dst)
+                if parent is not None:
+                    parent.dir_pending.append(("link", name, node))
             self._point()
 
     def unlink(self, path: str) -> None:

@@ -108,6 +108,11 @@ class FileOps:
     def rename(self, src: str, dst: str) -> None:
         os.replace(src, dst)
 
+    def link(self, src: str, dst: str) -> None:
+        """Give the file ``src`` the new name ``dst``; ``FileExistsError`` if ``dst`` exists. The atomic
+        "create unless present" of a file written whole first (``Store._load_secret``)."""
+        os.link(src, dst)
+
     def unlink(self, path: str) -> None:
         os.unlink(path)
 
