@@ -12,6 +12,11 @@ conversation on disk with items, created_at / last_appended_at equal to its log'
 appends work. (This absorbed the former tests/test_crash_kill.py: one writer killed at random moments
 with the listing checked after each kill.)
 
+The writers also read (half their operations: recall, and replay near the end they last saw), and every
+append and read is recorded for the history checker (tests/history.py), which judges each read at the
+end: it holds every batch acknowledged (by any process) before it started, is gapless, and returns
+nothing that is not at that seq after the run (issue 20).
+
 Writers are forked from a preloaded fork server so that a kill/restart costs milliseconds, not an
 interpreter start. Default: 200 kills; LOGSTORE_LONG=1: 3000 (LOGSTORE_KILLS overrides both).
 
