@@ -135,7 +135,7 @@ def test_an_opener_that_loses_the_race_reads_the_winners_key(tmp_path):
             for one, other in ((won, loser), (loser, won)):
                 cursor = one.list_conversations(SITE, None, 1).next_cursor
                 assert [c.conversation_id for c in other.list_conversations(SITE, cursor, 1).conversations]
-    assert not [n for n in os.listdir(data) if n.startswith("secret.tmp")]
+    assert not [n for n in os.listdir(data) if n.startswith("secret.")]
 
 
 def test_the_key_is_durable_before_any_cursor_is_signed_with_it():
@@ -170,3 +170,24 @@ def test_a_damaged_key_is_replaced(tmp_path, size):
         assert len(store.list_conversations(SITE, cursor, 1).conversations) == 1
     with open(layout.secret_path(str(data)), "rb") as f:
         assert len(f.read()) == 32
+
+
+def test_a_temp_key_left_by_a_crash_is_a_stale_temp_file_for_fsck(tmp_path):
+    from logstore.fsck.check_report import stray_kind
+
+    data = tmp_path / "data"
+    ops = _LosesTheRace(None)
+    names: list[str] = []
+    real_link = FileOps.link
+
+    def spy(self, src: str, dst: str) -> None:
+        names.append(os.path.basename(src))
+        real_link(self, src, dst)
+
+    ops.link = spy.__get__(ops)  # type: ignore[method-assign]
+    with Store(data, file_ops=ops):
+        pass
+    (name,) = names
+    assert stray_kind(name) is None  # this process is alive: an exclusive create in progress
+    dead = name.rpartition(".tmp-")[0] + ".tmp-999999999"
+    assert stray_kind(dead) == "stale-temp-file"

@@ -145,7 +145,8 @@ class Store:
         return key
 
     def _create_secret(self, path: str) -> None:
-        tmp = f"{path}.tmp-{os.getpid()}-{secrets.token_hex(4)}"  # unique per opener, threads included
+        # Unique per opener, threads included; ``.tmp-<pid>`` last, as fsck tells live from stale temp files.
+        tmp = f"{path}.{secrets.token_hex(4)}.tmp-{os.getpid()}"
         fd = self.ops.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         try:
             try:
