@@ -19,7 +19,7 @@ from logstore import Store
 from logstore.file import layout
 from logstore.file.fileio import FileOps
 from tests.cross_process_support import cursor_worker
-from tests.faultfs import FaultFS, materialize, scratch_dir
+from tests.faultfs import FaultFS, materialize
 from tests.helpers import LONG
 
 OPENERS = 4
@@ -138,17 +138,17 @@ def test_an_opener_that_loses_the_race_reads_the_winners_key(tmp_path):
     assert not [n for n in os.listdir(data) if n.startswith("secret.")]
 
 
-def test_the_key_is_durable_before_any_cursor_is_signed_with_it():
+def test_the_key_is_durable_before_any_cursor_is_signed_with_it(tmp_path):
     """Power lost right after the first open and one listing: the key a cursor was signed with survives
     (the link is followed by a directory fsync), so the cursor is accepted after the reboot."""
-    root = scratch_dir("cursor-key-")
+    root = str(tmp_path / "before")
     fs = FaultFS(root)
     with Store(os.path.join(root, "data"), file_ops=fs) as store:
         store.append(SITE, "conv-aaaa", [{"n": 1}])
         store.append(SITE, "conv-bbbb", [{"n": 2}])
         cursor = store.list_conversations(SITE, None, 1).next_cursor
         image = fs.crash_image(random.Random(1), "drop")
-    after = scratch_dir("cursor-key-after-")
+    after = str(tmp_path / "after")
     materialize(image, os.path.join(after, "x"))
     with Store(os.path.join(after, "x", "data")) as store:
         assert len(store.list_conversations(SITE, cursor, 1).conversations) == 1

@@ -21,7 +21,7 @@ import threading
 
 from logstore import Store
 from tests.cross_process_support import is_log_fd
-from tests.faultfs import FaultFS, materialize, scratch_dir
+from tests.faultfs import FaultFS, materialize
 
 SITE, CID = "site-a", "conv-aaaa"
 
@@ -40,8 +40,8 @@ class _KillAtLogSync(FaultFS):
         super().fdatasync(fd)
 
 
-def test_a_clean_close_never_indexes_a_frame_that_is_not_durable():
-    root = scratch_dir("index-absorb-")
+def test_a_clean_close_never_indexes_a_frame_that_is_not_durable(tmp_path):
+    root = str(tmp_path / "before")
     fs = _KillAtLogSync(root)  # one model of the disk for both owners
     data = os.path.join(root, "data")
     a = Store(data, file_ops=fs)
@@ -69,7 +69,7 @@ def test_a_clean_close_never_indexes_a_frame_that_is_not_durable():
         fs.victim = None
         a.close()
         b.close()
-    after = scratch_dir("index-absorb-after-")
+    after = str(tmp_path / "after")
     materialize(image, os.path.join(after, "disk"))
     with Store(os.path.join(after, "disk", "data")) as store:
         got = [(i.seq, i.payload) for i in store.replay(SITE, CID, 0, 10)]
