@@ -3,7 +3,7 @@
     python -m bench                 # full profile (~10 min; P5 at 10k and 1M conversations)
     python -m bench --quick         # about a minute
     python -m bench --only P1 P5    # a subset (ids: P1 P1-cpu P2 P3 sweep S-b250 P4 P5 P6 P7 P8 P9-P11
-                                    # P6-pg P12; P1-P3 run together, so do P9-P11)
+                                    # P6-pg P12 P13 C1 C2; P1-P3 run together, so do P9-P11)
 
 Scratch data goes to ``--tmp-dir`` (default $LOGSTORE_BENCH_TMP or the system temp dir) and is deleted.
 A measure that fails is reported in the table and makes the exit status 1; ``--strict`` re-raises instead.
@@ -19,9 +19,11 @@ import traceback
 from collections.abc import Callable
 
 from .appends import measure_appends, measure_sweep
+from .client import measure_client
 from .config import PROFILES, Profile, scratch_dir
 from .cpu_append import measure_cpu
 from .crash import measure_crash
+from .cross_reads import measure_cross_reads
 from .fsck import measure_fsck
 from .listing import measure_listing
 from .mcp_calls import measure_mcp
@@ -30,6 +32,7 @@ from .postgres import measure_mcp_postgres, measure_postgres
 from .reads import measure_reads
 from .report import environment, format_table, load_json, write_json, write_plot
 from .stats import Row
+from .ui_page import measure_ui_page
 
 __all__ = ["main", "run", "SECTIONS"]
 
@@ -42,12 +45,15 @@ SECTIONS: dict[str, tuple[tuple[str, ...], Section]] = {
     "cpu": (("P1-cpu",), lambda p, d, a: measure_cpu(p, d)),
     "sweep": (("sweep", "S", "S-b250"), lambda p, d, a: measure_sweep(p, d)),
     "reads": (("P4",), lambda p, d, a: measure_reads(p, d)),
+    "cross-reads": (("P4-x",), lambda p, d, a: measure_cross_reads(p, d)),
     "crash": (("P7",), lambda p, d, a: measure_crash(p, d)),
     "fsck": (("P8",), lambda p, d, a: measure_fsck(p, d)),
     "mcp": (("P6", "P6-sdk", "P6-cpu", "P6-w2"), lambda p, d, a: measure_mcp(p, d)),
     "peer": (("P12",), lambda p, d, a: measure_peer(p, d)),
+    "client": (("C1", "C1-down", "C2"), lambda p, d, a: measure_client(p, d)),
     "postgres": (("P9", "P10", "P11"), lambda p, d, a: measure_postgres(p, d)),
     "mcp-postgres": (("P6-pg",), lambda p, d, a: measure_mcp_postgres(p, d)),
+    "ui": (("P13",), lambda p, d, a: measure_ui_page(p, d)),
     "listing": (
         ("P5",),
         lambda p, d, a: measure_listing(p.listing_sizes, p.runs, p.list_calls, a.tmp_dir, a.jobs),
@@ -60,6 +66,7 @@ _ORDER = (
     "P2-1proc",
     "P3",
     "P4",
+    "P4-x",
     "P5",
     "P6",
     "P6-sdk",
@@ -72,6 +79,10 @@ _ORDER = (
     "P10",
     "P11",
     "P12",
+    "P13",
+    "C1",
+    "C1-down",
+    "C2",
     "S-b250",
     "S",
 )
@@ -106,7 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--quick", action="store_true", help="about a minute, smaller sizes")
     mode.add_argument("--tiny", action="store_true", help="seconds; for the smoke test (figures meaningless)")
     parser.add_argument(
-        "--only", nargs="+", metavar="ID", help="P1 P1-cpu P2 P3 P4 P5 P6 P7 P8 P9 P10 P11 P12 sweep S-b250"
+        "--only",
+        nargs="+",
+        metavar="ID",
+        help="P1 P1-cpu P2 P3 P4 P4-x P5 P6 P7 P8 P9 P10 P11 P12 P13 sweep S-b250",
     )
     parser.add_argument("--runs", type=int, help="rounds per measure (default from the profile)")
     parser.add_argument("--conversations", type=int, nargs="+", help="P5 site sizes")

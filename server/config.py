@@ -39,6 +39,7 @@ ENV_VARS = {
     "metrics": "LOGSTORE_METRICS",
     "metrics_token": "LOGSTORE_METRICS_TOKEN",
     "metrics_bind": "LOGSTORE_METRICS_BIND",
+    "ui": "LOGSTORE_UI",
 }
 # The hostile-client limits (server/http_limits.py, docs/SECURITY.md): LOGSTORE_<FIELD NAME>.
 _LIMIT_FIELDS = tuple(f.name for f in fields(HttpLimits))
@@ -68,6 +69,7 @@ class ServeConfig:
     metrics: bool = True  # count tool calls, engine figures, auth failures; serve them at /metrics
     metrics_token: str | None = None  # GET /metrics requires "Authorization: Bearer <token>"
     metrics_bind: str | None = None  # host:port serving /metrics instead of the main port
+    ui: bool = True  # the read-only browser at /ui/ (server.ui)
     # Limits against hostile clients; defaults live in HttpLimits.
     max_connections: int = _LIMITS.max_connections
     header_timeout: float = _LIMITS.header_timeout

@@ -37,8 +37,9 @@ __all__ = ["guarded_protocol", "fd_capped_connections"]
 log = logging.getLogger("logstore.server.connections")
 
 # File descriptors kept free for everything that is not a client connection: the engine's handle cache
-# (256 conversations x log + index + lock), credentials, logs, the listening sockets.
-FD_RESERVE = 1024
+# (256 conversations x log + index + lock + the lock file's commit point reader), credentials, logs, the
+# listening sockets.
+FD_RESERVE = 1280
 
 _REFUSED = (
     b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nretry-after: 1\r\nconnection: close\r\n\r\n"

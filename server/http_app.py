@@ -29,7 +29,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Mount, Route
 
 from logstore.core import observe
 from logstore.core.registry import SiteRegistry
@@ -44,6 +44,7 @@ from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import ServerMetrics, scrape, token_ok
 from .request_guard import BodyGuard, HeaderGuard
 from .sessions import SitedSessionManager
+from .ui.app import build_ui_app
 
 __all__ = ["MAX_REQUEST_BODY", "build_http_app", "site_of_request"]
 
@@ -86,6 +87,8 @@ def build_http_app(
     collect_metrics: bool = True,
     metrics_endpoint: bool = True,
     metrics_token: str | None = None,
+    ui: bool = True,
+    backend_kind: str = "file",
 ) -> Starlette:
     """The whole server as one ASGI app; clients authenticate against ``registry``. ``store`` is closed
     when the app shuts down (if ``close_store``).
@@ -93,7 +96,11 @@ def build_http_app(
     ``metrics`` (a fresh ``ServerMetrics`` if None) counts every tool call and authentication failure and
     observes the engine while the app runs, unless ``collect_metrics`` is False (``--no-metrics``);
     ``GET /metrics`` serves it unless ``metrics_endpoint`` is False (``--metrics-bind`` serves it
-    elsewhere), behind ``Bearer metrics_token`` when one is set."""
+    elsewhere), behind ``Bearer metrics_token`` when one is set.
+
+    ``ui``: serve the read-only browser at ``/ui/`` (``server.ui``, ``--no-ui`` turns it off) over the
+    same store, authenticator, throttles and worker threads as ``/mcp``; ``backend_kind`` is what its
+    status page names."""
     limits = (limits if limits is not None else HttpLimits()).validate()
     limiter = anyio.CapacityLimiter(threads)
     if collect_metrics:
@@ -122,6 +129,25 @@ def build_http_app(
         BodyGuard(StreamableHTTPASGIApp(manager), limits),
         authenticator,
         on_failure=metrics.auth_failure if metrics is not None else None,
+    )
+
+    security = _transport_security(host)
+    ui_routes = (
+        [
+            Mount(
+                "/ui",
+                app=build_ui_app(
+                    store,
+                    authenticator=authenticator,
+                    limiter=limiter,
+                    backend_kind=backend_kind,
+                    allowed_hosts=security.allowed_hosts if security is not None else None,
+                    on_auth_failure=metrics.auth_failure if metrics is not None else None,
+                ),
+            )
+        ]
+        if ui
+        else []
     )
 
     async def healthz(request: Request) -> JSONResponse:
@@ -163,6 +189,7 @@ def build_http_app(
                 if metrics is not None and metrics_endpoint
                 else []
             ),
+            *ui_routes,
         ],
         middleware=[Middleware(HeaderGuard, limits=limits)],
         lifespan=lifespan,

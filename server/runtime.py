@@ -51,6 +51,8 @@ def create_app(config: ServeConfig, metrics: ServerMetrics | None = None) -> Sta
         collect_metrics=config.metrics,
         metrics_endpoint=config.metrics_bind is None,
         metrics_token=config.metrics_token,
+        ui=config.ui,
+        backend_kind=factory.parse_store_url(config.store_url)[0],
     )
 
 

@@ -13,9 +13,10 @@ schema-mismatch protocol error and never show the agent the real error. The Pyth
 ``code`` is the spec's error name (or ``InvalidArgument`` / ``InvalidCursor`` / ``UnknownTool`` for
 argument errors the spec leaves unnamed, ``Unreadable`` for a stored item no client could parse),
 ``retryable`` follows the engine (true only for Unavailable, Timeout, Io). Details are the engine's
-client-safe fields (``reason`` for InvalidConversationId, ``offset`` for Corrupted, ``seq`` and ``reason``
-for Unreadable, sizes and limits for the size errors, ``index`` and ``path`` for a payload rule broken
-inside an item).
+client-safe fields (``outcome: "unknown"`` for an Unavailable whose batch may have been stored, with a
+message saying so instead of "safe to retry"; ``reason`` for InvalidConversationId, ``offset`` for
+Corrupted, ``seq`` and ``reason`` for Unreadable, sizes and limits for the size errors, ``index`` and
+``path`` for a payload rule broken inside an item).
 
 For operational errors the engine's message may name files or OS errors, so clients get a fixed message
 and the engine's text goes to the server log. Anything that is not a ``LogstoreError`` is a bug or an
@@ -49,12 +50,21 @@ _OPERATIONAL_MESSAGES = {
     "Io": "memory storage I/O error; safe to retry after buffering the batch",
     "Corrupted": "the conversation log is corrupted at this byte offset; the read cannot be served",
 }
+# Unavailable with outcome "unknown" (errors.Unavailable): the request may have been applied, so the
+# "safe to retry" above would be false; ``outcome`` is also in the body, for client libraries.
+_UNKNOWN_OUTCOME_MESSAGE = (
+    "memory storage became unavailable after the batch was sent; its outcome is unknown: it may have been "
+    "stored, so a blind retry can store it twice (recall the conversation's tail and look for the batch "
+    "before retrying)"
+)
 
 
 def error_body(exc: BaseException, *, tool: str | None = None) -> dict[str, Any]:
     """Map ``exc`` to the ``{"error": {...}}`` body; logs whatever the client is not told."""
     if isinstance(exc, errors.LogstoreError):
         fixed = _OPERATIONAL_MESSAGES.get(exc.code)
+        if isinstance(exc, errors.Unavailable) and exc.outcome == "unknown":
+            fixed = _UNKNOWN_OUTCOME_MESSAGE
         if fixed is not None:
             log.warning("tool %s failed: %s: %s", tool, exc.code, exc.message)
         body: dict[str, Any] = {

@@ -40,7 +40,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from logstore.file import manifest_reconcile
+from logstore.file import boot
 from logstore.file.fileio import FileOps, NoSyncOps
 
 __all__ = [
@@ -106,18 +106,18 @@ def materialize(image: Image, dest: str) -> None:
             f.write(data)
 
 
-_REAL_BOOT_ID = manifest_reconcile.boot_id
+_REAL_BOOT_ID = boot.boot_id
 
 
 def simulate_reboot() -> None:
-    """A new boot id for this process (``manifest_reconcile.boot_id``) until ``restore_boot`` (an autouse
+    """A new boot id for this process (``logstore.file.boot.boot_id``) until ``restore_boot`` (an autouse
     fixture calls it after each test): sessions written before look like a machine's that lost power."""
     fresh = os.urandom(16)
-    manifest_reconcile.boot_id = lambda: fresh  # type: ignore[assignment]
+    boot.boot_id = lambda: fresh  # type: ignore[assignment]
 
 
 def restore_boot() -> None:
-    manifest_reconcile.boot_id = _REAL_BOOT_ID  # type: ignore[assignment]
+    boot.boot_id = _REAL_BOOT_ID  # type: ignore[assignment]
 
 
 NO_SYNC_OPS = NoSyncOps()

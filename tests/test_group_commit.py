@@ -140,3 +140,100 @@ def test_an_interrupted_queued_follower_withdraws_and_a_promoted_one_passes_lead
     gc._abandon(promoted)  # promoted but gone: nobody else queued, so the queue steps down
     assert gc._pending == [] and not gc.leader_active
     assert gc.submit(AppendRequest(b"later", 1)) == SeqRange(0, 0) and fake.groups == [[b"later"]]
+
+
+class InterruptingQueueLock:
+    """The queue lock, with an interrupt that lands just after the ``nth`` release by the thread ``victim``
+    (the lock is free again; the ``with`` block that let it go raises ``KeyboardInterrupt``)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.victim: int | None = None
+        self.nth = 0
+
+    def __enter__(self) -> InterruptingQueueLock:
+        self._lock.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+        if self.victim == threading.get_ident():
+            self.nth -= 1
+            if self.nth == 0:
+                self.victim = None
+                raise KeyboardInterrupt
+
+
+def _submit_daemon(gc: GroupCommit, name: bytes, out: dict, before=None) -> threading.Thread:
+    """Like ``_submit_in_thread``, as a daemon: a stranded submitter must not hang the test run."""
+
+    def run() -> None:
+        if before is not None:
+            before()
+        try:
+            out[name] = gc.submit(AppendRequest(name, 1))
+        except BaseException as exc:  # noqa: BLE001 - recorded for the assertion
+            out[name] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def _not_stranded(*threads: threading.Thread) -> None:
+    for thread in threads:
+        thread.join(10)  # generous: each of them is one fake commit away from done
+        assert not thread.is_alive(), "a submitter was stranded"
+
+
+@pytest.mark.parametrize("nth", [1, 2], ids=["after-becoming-leader", "after-taking-the-queue"])
+def test_an_interrupt_between_becoming_leader_and_committing_does_not_strand_the_queue(nth):
+    """Issue 20 §4: an interrupt between ``_leader_active = True`` and the ``try`` left every later
+    appender parked. The interrupt is injected where a signal can land: as a queue-lock ``with`` ends."""
+    fake = FakeLog()
+    gc = GroupCommit(fake.commit)
+    lock = InterruptingQueueLock()
+    gc._queue_lock = lock  # type: ignore[assignment]
+    lock.victim, lock.nth = threading.get_ident(), nth
+    with pytest.raises(KeyboardInterrupt):
+        gc.submit(AppendRequest(b"interrupted", 1))
+    assert lock.victim is None  # the interrupt was injected
+    assert gc._pending == [] and not gc.leader_active  # the interrupted batch left the queue
+    out: dict = {}
+    _not_stranded(_submit_daemon(gc, b"later", out))
+    assert out[b"later"] == SeqRange(0, 0) and fake.groups == [[b"later"]]  # never written before
+
+
+@pytest.mark.parametrize("nth", [1, 2], ids=["while-queueing", "after-taking-the-queue"])
+def test_an_interrupted_promoted_follower_strands_nobody_queued_behind_it(nth):
+    """A follower interrupted as it queues (``nth=1``), or once promoted, right after it took the queue
+    (``nth=2``): whoever is queued behind it gets an outcome, and the queue goes on."""
+    fake = FakeLog()
+    fake.gate = threading.Event()
+    gc = GroupCommit(fake.commit)
+    lock = InterruptingQueueLock()
+    gc._queue_lock = lock  # type: ignore[assignment]
+    out: dict = {}
+    leader = _submit_daemon(gc, b"L", out)
+    assert fake.entered.wait(10)
+
+    def victim() -> None:
+        lock.victim, lock.nth = threading.get_ident(), nth
+
+    follower = _submit_daemon(gc, b"F", out, before=victim)
+    if nth == 1:
+        follower.join(10)
+        assert isinstance(out[b"F"], KeyboardInterrupt)
+    else:
+        _wait_queued(gc, 1)
+    behind = [_submit_daemon(gc, f"G{k}".encode(), out) for k in range(2)]
+    _wait_queued(gc, 2 if nth == 1 else 3)
+    fake.gate.set()
+    _not_stranded(leader, follower, *behind)
+    assert lock.victim is None  # the interrupt was injected
+    assert out[b"L"] == SeqRange(0, 0) and isinstance(out[b"F"], KeyboardInterrupt)
+    for k in range(2):  # committed by a later group, or failed with the interrupt: never lost
+        assert isinstance(out[f"G{k}".encode()], (SeqRange, KeyboardInterrupt)), out
+    assert [b"F"] not in fake.groups and all(b"F" not in group for group in fake.groups)
+    assert not gc.leader_active and gc._pending == []
+    assert isinstance(gc.submit(AppendRequest(b"after", 1)), SeqRange)

@@ -69,7 +69,17 @@ class _NoSync(FileOps):
 
 
 # The fields a commit sets; every other field of LogState must come through unchanged.
-_SET_BY_COMMIT = {"frames", "end", "next_seq", "created_at", "last_at", "tail_offset", "tail_sig", "size"}
+_SET_BY_COMMIT = {
+    "frames",
+    "end",
+    "next_seq",
+    "created_at",
+    "last_at",
+    "tail_offset",
+    "tail_sig",
+    "size",
+    "point",
+}
 
 
 def test_write_group_carries_every_field_it_does_not_set():
@@ -94,6 +104,7 @@ def test_write_group_carries_every_field_it_does_not_set():
         tail_offset=500,
         tail_sig=encoded.tail_sig,
         size=100_000,
+        point=b"",
     )
     assert after == expected
     assert ops.writes == [(encoded.data, 500)]  # inside the preallocated tail: no growth

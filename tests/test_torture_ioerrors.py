@@ -31,7 +31,16 @@ import pytest
 
 from logstore import Io, LogstoreError, Store
 from logstore.file.layout import conversation_paths
-from tests.faultfs import NO_SYNC_OPS, WRITE_LIKE, FaultFS, materialize, one_shot, scratch_dir, sticky
+from tests.faultfs import (
+    NO_SYNC_OPS,
+    WRITE_LIKE,
+    FaultFS,
+    materialize,
+    one_shot,
+    restore_boot,
+    scratch_dir,
+    sticky,
+)
 from tests.helpers import LONG
 from tests.torture_workload import (
     FIGURES,
@@ -161,6 +170,7 @@ def one_run(template, plan, clear_after: int, seed: int) -> tuple[int, int, int]
     """Run the workload under ``plan``; verify live, after a clean reopen, after a power loss.
     Returns (calls made, faults injected, acknowledged batches verified)."""
     troot, toracle = template
+    restore_boot()  # the template was written in this boot; a previous run's power losses simulated others
     root = scratch_dir("io-")
     try:
         shutil.copytree(troot, root, dirs_exist_ok=True)

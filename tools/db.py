@@ -80,9 +80,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     import psycopg
 
     from logstore.postgres.schema import SCHEMA_VERSION, schema_version
+    from logstore.postgres.settings import libpq_conninfo
 
     try:
-        with psycopg.connect(url, autocommit=True) as conn:
+        with psycopg.connect(libpq_conninfo(url), autocommit=True) as conn:
             found = schema_version(conn)
     except psycopg.Error as exc:
         return _fail("status", exc)

@@ -97,6 +97,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         metavar="HOST:PORT",
         help="serve /metrics on this address instead of the main port (env LOGSTORE_METRICS_BIND)",
     )
+    p.add_argument(
+        "--ui",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="serve the read-only conversation browser at /ui/ (env LOGSTORE_UI; default on)",
+    )
     # The limits operators size to their deployment; every other limit has only its LOGSTORE_* variable
     # (docs/SECURITY.md lists them all).
     p.add_argument(
@@ -250,6 +256,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             metrics=args.metrics,
             metrics_token=args.metrics_token,
             metrics_bind=args.metrics_bind,
+            ui=args.ui,
             max_connections=args.max_connections,
             max_sessions=args.max_sessions,
             max_sessions_per_site=args.max_sessions_per_site,

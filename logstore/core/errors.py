@@ -14,7 +14,8 @@ tool errors by ``.code`` in one place. ``.retryable`` is True only for Unavailab
     ├── ConversationFull               permanent; .stored, .requested
     ├── Corrupted                      permanent; .path, .offset (byte offset of the bad frame)
     ├── Unreadable                     permanent; .seq, .reason: a stored item no client could parse
-    ├── Unavailable                    retryable: store closed, handle poisoned and not yet reopened
+    ├── Unavailable                    retryable: store closed, handle poisoned and not yet reopened,
+    │                                  database unreachable; .outcome "unknown" if the batch may be stored
     ├── Timeout                        retryable: conversation lock not acquired within lock_timeout
     └── Io                             retryable: a write, fsync, read or rename failed (.errno)
 """
@@ -159,8 +160,20 @@ class Unreadable(LogstoreError):
 
 
 class Unavailable(LogstoreError):
+    """``outcome="unknown"``: the request may have been applied (the connection to the database went after
+    an append was sent), so a blind retry can store the batch twice; None: nothing was applied."""
+
     code = "Unavailable"
     retryable = True
+    OUTCOMES = ("unknown",)
+
+    def __init__(self, message: str, *, outcome: str | None = None) -> None:
+        assert outcome is None or outcome in self.OUTCOMES, outcome
+        super().__init__(message)
+        self.outcome = outcome
+
+    def details(self) -> dict[str, object]:
+        return {"outcome": self.outcome} if self.outcome is not None else {}
 
 
 class Timeout(LogstoreError):

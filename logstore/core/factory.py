@@ -32,6 +32,13 @@ def parse_store_url(url: str) -> tuple[str, str]:
     scheme, sep, rest = url.partition(":")
     if not sep or scheme not in SCHEMES or not rest or (scheme in _POSTGRES and not rest.startswith("//")):
         raise ValueError(f"store URL {url!r} is not one of: file:PATH, postgresql://[user@]host[:port]/db")
+    if scheme in _POSTGRES:
+        try:
+            from ..postgres.settings import split_url
+        except ImportError:  # no postgres extra: open_store says so
+            pass
+        else:
+            split_url(url)  # ValueError for a bad parameter (call_timeout...), before any connection
     return scheme, rest
 
 

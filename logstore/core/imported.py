@@ -22,11 +22,19 @@ import msgspec
 from .batch import check_batch_count, check_batch_size, check_item_size
 from .errors import ConversationFull, InvalidArgument
 from .limits import MAX_CONVERSATION_ITEMS
-from .models import micros_to_datetime, rfc3339
+from .models import MemoryItem, micros_to_datetime, rfc3339
 
-__all__ = ["ImportedBatch", "check_imported", "import_refusal", "export_time", "export_line"]
+__all__ = [
+    "ImportedBatch",
+    "check_imported",
+    "import_refusal",
+    "export_time",
+    "export_line",
+    "export_item",
+]
 
 _raw = msgspec.json.Decoder(msgspec.Raw).decode
+_encode = msgspec.json.Encoder().encode
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,3 +110,11 @@ def export_line(seq: int, at: bytes, raw: bytes) -> bytes:
     """One item as ``logstore export`` writes it for every backend:
     ``{"seq":..,"recorded_at":"..","payload":..}`` and a newline, the payload's stored bytes verbatim."""
     return b'{"seq":%d,"recorded_at":"%s","payload":%s}\n' % (seq, at, raw)
+
+
+def export_item(item: MemoryItem) -> bytes:
+    """``export_line`` for an item read back through ``Backend`` (the browser's download): the payload
+    re-encoded with msgspec. Every backend stores an item as msgspec's encoding (``core.batch``), and that
+    encoding is a fixed point of decoding and encoding again (key order, number and string forms), so the
+    line is byte for byte the one ``logstore export`` writes from the stored bytes."""
+    return export_line(item.seq, rfc3339(item.recorded_at).encode(), _encode(item.payload))

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from ..core.ids import is_valid_id, validate_conversation_id, validate_site
 from . import layout
+from .commit_point import invalidate
 from .fileio import OS_FILE_OPS, FileOps
 from .layout import conversation_paths
 from .locking import held
@@ -65,6 +66,7 @@ def erase_conversation(
     manifest = _manifest(file_ops, root, site)
     manifest.begin_writes()  # a crash from here on makes the next load reconcile (the listing drops it)
     with held(paths.lock, lock_timeout):
+        invalidate(file_ops, paths.lock)  # before anything goes: no reader serves from the old log after
         keep = {os.path.basename(paths.log), os.path.basename(paths.lock)}
         prefix = conversation_id + "."  # ids never contain '.', so the prefix names this conversation only
         extras = sorted(

@@ -19,6 +19,7 @@ Lock order: the queue lock is a leaf - ``commit`` is called without it, and noth
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -28,6 +29,8 @@ from ..core.imported import ImportedBatch
 from ..core.models import SeqRange
 
 __all__ = ["AppendRequest", "GroupCommit", "ReaderGuard"]
+
+log = logging.getLogger("logstore")
 
 
 class AppendRequest:
@@ -55,41 +58,48 @@ class GroupCommit:
 
     @property
     def leader_active(self) -> bool:
-        """Whether a commit may be in flight (readers then serve the published state without waiting)."""
+        """Whether a leader owns the queue (tests and diagnostics; readers never look at it)."""
         return self._leader_active
 
     def submit(self, request: AppendRequest) -> SeqRange:
         """Commit ``request`` with whatever else is queued. Blocks until durable or failed."""
-        with self._queue_lock:
-            self._pending.append(request)
-            follow = self._leader_active
-            if follow:
-                request.wake = threading.Lock()
-                request.wake.acquire()
-            else:
-                self._leader_active = True
-        if follow:
-            assert request.wake is not None
-            try:
-                request.wake.acquire()  # released once: done, or promoted to leader
-            except BaseException:  # an interrupt while parked: leave the queue without stranding it
-                self._abandon(request)
-                raise
-            if request.done:
-                return _outcome(request)
-        with self._queue_lock:
-            group, self._pending = self._pending, []
+        leading = False  # set together with ``_leader_active``: the finally below owes the queue a leader
+        group: list[AppendRequest] = []
         interrupt: BaseException | None = None
         try:
-            self._commit(group)
-        except BaseException as exc:  # never strand a follower
-            for req in group:
-                if not req.done:
+            try:
+                with self._queue_lock:
+                    self._pending.append(request)
+                    if self._leader_active:
+                        request.wake = threading.Lock()
+                        request.wake.acquire()
+                    else:
+                        self._leader_active = leading = True
+                if not leading:
+                    assert request.wake is not None
+                    request.wake.acquire()  # released once: done, or promoted to leader
+                    if request.done:
+                        return _outcome(request)
+                    leading = True  # promoted
+            except BaseException:  # an interrupt while queueing or parked: leave without stranding it
+                if not leading:
+                    self._abandon(request)
+                raise
+            try:
+                with self._queue_lock:  # an interrupt as this ends: the group gets it as its outcome
+                    group, self._pending = self._pending, []
+                self._commit(group)
+            except BaseException as exc:  # never strand a follower
+                undone = [req for req in group if not req.done]
+                for req in undone:
                     req.error, req.done = exc, True
-            if not isinstance(exc, Exception):
-                interrupt = exc  # KeyboardInterrupt/SystemExit propagate even if this batch is durable
+                if not isinstance(exc, Exception):
+                    interrupt = exc  # KeyboardInterrupt/SystemExit propagate even if this batch is durable
+                elif not undone:  # every batch had its outcome: nobody would ever hear of this
+                    log.error("group commit failed after every batch had its outcome", exc_info=exc)
         finally:
-            self._hand_off(group, request)
+            if leading:
+                self._hand_off(group, request)
         if interrupt is not None:
             raise interrupt
         return _outcome(request)
@@ -98,6 +108,8 @@ class GroupCommit:
         """Wake the group's followers (their outcome is set) and promote the next queued request, or
         step down. The decision is made under the queue lock before any wake-up."""
         with self._queue_lock:
+            if leader is not None and leader in self._pending:  # interrupted before it took the queue
+                self._pending.remove(leader)
             nxt = self._pending[0] if self._pending else None  # stays queued: it takes the whole queue
             if nxt is None:
                 self._leader_active = False

@@ -163,7 +163,14 @@ class Written(NamedTuple):
 
 
 def write_group(
-    ops: FileOps, fd: int, state: LogState, encoded: EncodedGroup, *, chunk: int, directory: str
+    ops: FileOps,
+    fd: int,
+    state: LogState,
+    encoded: EncodedGroup,
+    *,
+    chunk: int,
+    directory: str,
+    point: bytes = b"",
 ) -> Written:
     """Write ``encoded`` at the end of the log ``state`` describes: one ``pwrite``, one ``fdatasync``,
     plus the directory fsync for a log's first frame (its entry must be durable before anything in it
@@ -200,5 +207,6 @@ def write_group(
         torn_at=state.torn_at,
         version=state.version,
         size=size,
+        point=point,  # the commit point record the caller writes once this returns (durable)
     )
     return Written(after, fsync_seconds, chunk)

@@ -18,11 +18,10 @@ Rules:
   reconciles every conversation with its log, and a conversation touched first is reconciled then; the
   sweep closes the crashed sessions when it is done.
 - Records merge by max (``manifest_codec.merged``); the erasure record drops a conversation.
-- Compaction (off the append path, in a background thread): create journal.<N+1>, read snapshot.<N> +
-  journal.<N>, write snapshot.<N+1> (temp + fsync + rename + dir fsync), delete the old files. A writer
-  appends to the newest journal and then checks that no newer one exists; if one does, it re-appends
-  there. Every process that reaches generation N+1 re-bases its memory on snapshot.<N+1>.
-- In memory: ``ManifestTable`` (the packed snapshot plus an overlay of what changed since).
+- Compaction (a background thread): create journal.<N+1>, read snapshot.<N> + journal.<N>, write
+  snapshot.<N+1> (temp + fsync + rename + dir fsync), delete the old files. A writer appends to the newest
+  journal, then re-appends to a newer one if it finds one. Every process that reaches generation N+1
+  re-bases on snapshot.<N+1>. In memory: ``ManifestTable`` (the packed snapshot plus an overlay).
 """
 
 from __future__ import annotations
@@ -175,10 +174,8 @@ class SiteManifest:
     def sweep_ids(self) -> Iterator[str]:
         """Every conversation known now: the base by index (no list of a million ids), then the rest."""
         with self._lock:
-            base = self._table.base
-            extra = self._table.added()
-        for i in range(base.count):
-            yield base.id_at(i)
+            base, extra = self._table.base, self._table.added()
+        yield from (base.id_at(i) for i in range(base.count))
         yield from extra
 
     def close_sessions(self, dead: set[Session]) -> None:
@@ -212,9 +209,8 @@ class SiteManifest:
             self.ops.makedirs_durable(self.directory)
             path = self._path("journal", self._gen)
             self._journal_fd = self.ops.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-            # Always, not only when this call created the file: the creator may have failed (or died)
-            # before its directory fsync, and creation records synced into an entry that is not durable
-            # would vanish with it. Once per journal per process.
+            # Always, once per journal per process: the creator may have died before its directory fsync,
+            # and creation records synced into an entry that is not durable would vanish with it.
             self.ops.fsync_dir(self.directory)
         return self._journal_fd
 
@@ -244,7 +240,7 @@ class SiteManifest:
 
     def _append_logged(self, cid: str, entry: Entry) -> None:
         """A record whose loss only makes the listing lag: a failure is logged and remembered (no clean
-        close mark then, so the next load reconciles), not raised."""
+        close mark then: the next load reconciles), not raised."""
         try:
             self._append_record(cid, entry)
         except Io as exc:
@@ -258,8 +254,8 @@ class SiteManifest:
             self._read_pos = self.ops.stat_size(self._path("journal", self._gen)) or 0
 
     def begin_writes(self) -> None:
-        """Called before this store's first log write (creation, commit, erasure): the session's open
-        mark, fdatasynced, so that a crash from here on is seen by the next load."""
+        """Before this store's first log write (creation, commit, erasure): the session's open mark,
+        fdatasynced, so that a crash from here on is seen by the next load."""
         if self._session is not None:
             return
         with self._lock:
@@ -285,9 +281,13 @@ class SiteManifest:
         """Note a durable append (called under the conversation lock, after the log's fdatasync)."""
         entry = Entry(info.created_at, info.last_appended_at, info.log_size, info.next_seq)
         with self._lock:
-            self.ensure_loaded()
-            self._table.apply(info.conversation_id, entry)
-            self._append_logged(info.conversation_id, entry)
+            try:
+                self.ensure_loaded()
+                self._table.apply(info.conversation_id, entry)
+                self._append_logged(info.conversation_id, entry)
+            except BaseException:  # not only Io (logged by _append_logged): no clean close mark, so the
+                self._unwritten[info.conversation_id] = entry  # next load reconciles
+                raise
 
     def record_erased(self, cid: str) -> None:
         """Durably note that ``cid``'s log was removed (erasure). The caller holds the conversation lock and

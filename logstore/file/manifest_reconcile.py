@@ -18,14 +18,13 @@ import logging
 import os
 import secrets
 import threading
-import uuid
 from collections.abc import Callable, Iterator
-from functools import cache, partial
+from functools import partial
 from typing import TYPE_CHECKING
 
 from ..core.errors import Corrupted, Io, LogstoreError, Timeout, Unavailable
 from ..core.ids import is_valid_id
-from . import layout
+from . import boot, layout
 from .conversation import CommitInfo
 from .fileio import FileOps
 from .log_tail import nothing_after
@@ -35,7 +34,6 @@ if TYPE_CHECKING:
     from .manifest import SiteManifest
 
 __all__ = [
-    "boot_id",
     "new_session",
     "end_session",
     "is_alive",
@@ -45,17 +43,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("logstore")
-
-
-@cache
-def boot_id() -> bytes:
-    """This boot's id (16 bytes); all zeros where the kernel does not provide one (a boot id that never
-    matches, so every unclosed session there counts as a power loss: the safe side)."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as fh:
-            return uuid.UUID(fh.read().strip()).bytes
-    except (OSError, ValueError):
-        return bytes(16)
 
 
 def _start_ticks(pid: int) -> int | None:
@@ -77,7 +64,7 @@ _OURS: set[Session] = set()  # sessions of this process whose store has not clos
 def new_session() -> Session:
     """A session for a store of this process; ``end_session`` when that store closes."""
     pid = os.getpid()
-    session = Session(boot_id(), pid, _start_ticks(pid) or 0, secrets.randbits(64))
+    session = Session(boot.boot_id(), pid, _start_ticks(pid) or 0, secrets.randbits(64))
     _OURS.add(session)
     return session
 
@@ -90,7 +77,7 @@ def is_alive(session: Session) -> bool:
     """Whether the session's store still runs: in this process, not closed yet; in another, the same
     boot and the same pid with the same start time. A process in another pid namespace on a shared data
     dir reads as gone: only a sweep more."""
-    if session.boot_id != boot_id():
+    if session.boot_id != boot.boot_id():
         return False
     if session.pid == os.getpid():
         return session in _OURS
@@ -165,7 +152,7 @@ class Reconciliation:
             return None
         why = (
             "power loss or reboot with sessions open"
-            if any(s.boot_id != boot_id() for s in dead)
+            if any(s.boot_id != boot.boot_id() for s in dead)
             else "a store did not close cleanly"
             if dead
             else "damaged manifest bytes"

@@ -179,6 +179,7 @@ class LogState:
     torn_at: int | None = None  # a torn tail starts here (truncated by the next locked refresh)
     version: int = FORMAT_VERSION  # of the last good frame: what the log is appended in (v1 stays v1)
     size: int = 0  # the file's size as last seen: ``end`` plus a v2 log's preallocated zero tail
+    point: bytes = b""  # the commit point record (logstore.file.commit_point) this state agrees with
 
 
 EMPTY_STATE = LogState(bytearray())

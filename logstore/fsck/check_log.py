@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.errors import Io, Timeout
+from ..file.commit_point import invalidate
 from ..file.fileio import FILE_MODE, FileOps
 from ..file.frame import Frame
 from ..file.index_codec import INDEX_HEADER, INDEX_HEADER_SIZE, encode_entry, header_ok, index_entries
@@ -285,6 +286,7 @@ def _cut_log(ctx: CheckContext, paths: ConversationPaths, cut: int, size: int) -
     fd = ops.open(paths.log, os.O_RDWR)
     try:
         saved = save_broken(ops, paths.log, fd, cut, size) if size > cut else None
+        invalidate(ops, paths.lock)  # before the cut: readers of every process reload under the lock
         ops.ftruncate(fd, cut)
         ops.fsync(fd)
     finally:

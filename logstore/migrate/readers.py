@@ -138,8 +138,9 @@ class PostgresReader:
         import psycopg
 
         from ..postgres.schema import check_schema
+        from ..postgres.settings import libpq_conninfo
 
-        self._conn = psycopg.connect(url, autocommit=True)
+        self._conn = psycopg.connect(libpq_conninfo(url), autocommit=True)
         try:
             self._conn.execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")
             self._conn.execute("SET TimeZone = 'UTC'")

@@ -11,13 +11,18 @@
     Io                     53100 disk_full, class 58 (the server's own I/O errors)
     anything else          propagates: a bug, not a condition a client can act on
 
-A pooled connection that the server closed while it sat idle (restart, failover, idle timeout) fails on its
-next use. When that failure proves the statement did not run -- 57P01-57P03, which the server sends instead
-of running anything -- or the call only reads, the call is retried once on a fresh connection.
+A pooled connection that the server closed while it sat idle (restart, failover, idle timeout) is found
+readable and replaced before use (store.py); if it still fails on its first statement and that failure
+proves the statement did not run -- 57P01 or 57P03, which the server sends instead of running anything --
+or the call only reads, the call is retried once on a fresh connection. 57P02 (crash of another server
+process) is different: the server sends it from a signal handler, possibly after an append committed and
+before its reply, so an append that gets it has an unknown outcome.
 
 A batch whose connection was lost without an error for its statement has an *unknown* outcome: it may have
-committed just before the connection went. It is reported as ``Unavailable`` (retryable) with that said in
-the message, never as success; a client's retry may then store the batch twice.
+committed just before the connection went. It is reported as ``Unavailable(outcome="unknown")``
+(retryable) with that said in the message, never as success; a client's retry may then store the batch
+twice. So is an append whose call passed its client-side deadline (``call_timeout``, watchdog.py) after its
+request was sent; before that (waiting for a connection), nothing was sent and the outcome is known.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from ..core.errors import Io, LogstoreError, Timeout, Unavailable
 
 __all__ = [
     "SERIALIZATION_RETRIES",
+    "deadline_passed",
     "is_serialization_failure",
     "is_stale_connection",
     "retry_delay",
@@ -40,10 +46,11 @@ __all__ = [
 SERIALIZATION_RETRIES = 64  # under SERIALIZABLE, 8 writers on one conversation needed > 8 (measured)
 _RETRY_STATES = frozenset({"40001", "40P01"})
 _TIMEOUT_STATES = frozenset({"55P03", "57014"})
-_TERMINATED_STATES = frozenset({"57P01", "57P02", "57P03"})  # session ended by the server, nothing ran
+_TERMINATED_STATES = frozenset({"57P01", "57P03"})  # session ended by the server, nothing ran
+_CRASH_STATE = "57P02"  # sent at any point, even after the commit: an append's outcome is unknown
 _UNAVAILABLE_STATES = frozenset({"57P01", "57P02", "57P03", "53300", "53200", "25006"})
 _UNKNOWN_OUTCOME = (
-    "; the batch's outcome is unknown (the connection went during its commit): it may have been stored, so "
+    "; the batch's outcome is unknown (it was sent, and no reply came): it may have been stored, so "
     "a retry can store it a second time (recall first to check)"
 )
 
@@ -57,7 +64,7 @@ def is_stale_connection(exc: BaseException, *, writing: bool) -> bool:
     it again is harmless): worth one retry on a fresh connection."""
     if not isinstance(exc, psycopg.OperationalError) or isinstance(exc, psycopg_pool.PoolTimeout):
         return False
-    if exc.sqlstate in _TERMINATED_STATES:
+    if exc.sqlstate in _TERMINATED_STATES or (exc.sqlstate == _CRASH_STATE and not writing):
         return True
     return not writing and (exc.sqlstate is None or exc.sqlstate.startswith("08"))
 
@@ -78,13 +85,29 @@ def translate(exc: psycopg.Error, *, writing: bool) -> LogstoreError | None:
     summary = _summary(exc)
     if state in _TIMEOUT_STATES or state in _RETRY_STATES:
         return Timeout(f"database timeout ({state}): {summary}")
+    if state == _CRASH_STATE and writing:
+        return _lost(f"database unavailable ({state}): {summary}", writing=True)
     if state in _UNAVAILABLE_STATES:
         return Unavailable(f"database unavailable ({state}): {summary}")
     if state is not None and (state == "53100" or state.startswith("58")):
         return Io(f"database I/O error ({state}): {summary}")
     if (state is None and isinstance(exc, psycopg.OperationalError)) or (state or "").startswith("08"):
-        return Unavailable(f"database connection lost: {summary}" + (_UNKNOWN_OUTCOME if writing else ""))
+        return _lost(f"database connection lost: {summary}", writing=writing)
     return None
+
+
+def deadline_passed(call_timeout: float, *, writing: bool, sent: bool) -> Unavailable:
+    """The call ran out of its ``call_timeout``; ``sent``: a statement was on the wire when it did."""
+    message = f"no reply from the database within the call's {call_timeout:g} s (call_timeout)"
+    if not sent:
+        return Unavailable(message + "; nothing was sent")
+    return _lost(message + "; the connection was closed", writing=writing)
+
+
+def _lost(message: str, *, writing: bool) -> Unavailable:
+    if not writing:
+        return Unavailable(message)
+    return Unavailable(message + _UNKNOWN_OUTCOME, outcome="unknown")
 
 
 def _summary(exc: psycopg.Error) -> str:

@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from typing import Any
 
 import psycopg
 
 from ..core.ids import validate_site
 from ..core.registry import SiteExists, UnknownSite, hash_password, new_entry
+from .settings import ClientSettings, split_url
+from .watchdog import Watchdog, fileno
 
 __all__ = ["PostgresRegistry"]
 
@@ -31,6 +34,9 @@ _BUMP = "UPDATE logstore_schema SET registry_version = registry_version + 1 WHER
 class PostgresRegistry:
     def __init__(self, conninfo: str, *, poll_interval: float = 1.0) -> None:
         self.conninfo = conninfo
+        self._libpq, own = split_url(conninfo)  # the store URL's bounds (settings.py)
+        self._call_timeout = float(own.get("call_timeout", ClientSettings.call_timeout))
+        self._deadlines = Watchdog("logstore-registry-deadlines")
         self.poll_interval = poll_interval
         self._lock = threading.Lock()
         self._snapshot: tuple[int, dict[str, dict[str, Any]]] | None = None
@@ -70,21 +76,27 @@ class PostgresRegistry:
         while not self._stop.wait(self.poll_interval):
             try:
                 if conn is None or conn.closed:
-                    conn = psycopg.connect(self.conninfo, autocommit=True)
-                row = conn.execute("SELECT registry_version FROM logstore_schema WHERE id").fetchone()
-                if row is not None and self._snapshot is not None and row[0] == self._snapshot[0]:
-                    continue
-                self._snapshot = self._read(conn)
+                    conn = psycopg.connect(self._libpq, autocommit=True)
+                # A silent network must not freeze the snapshot for good: the poll has a deadline too.
+                armed = self._deadlines.arm(fileno(conn), time.monotonic() + self._call_timeout)
+                try:
+                    row = conn.execute("SELECT registry_version FROM logstore_schema WHERE id").fetchone()
+                    if row is not None and self._snapshot is not None and row[0] == self._snapshot[0]:
+                        continue
+                    self._snapshot = self._read(conn)
+                finally:
+                    self._deadlines.disarm(armed)
             except psycopg.Error:  # keep serving the last snapshot; the next poll reconnects
                 if conn is not None:
                     conn.close()
                 conn = None
         if conn is not None:
             conn.close()
+        self._deadlines.stop()
 
     def _read(self, conn: psycopg.Connection | None = None) -> tuple[int, dict[str, dict[str, Any]]]:
         if conn is None:
-            with psycopg.connect(self.conninfo, autocommit=True) as own:
+            with psycopg.connect(self._libpq, autocommit=True) as own:
                 return self._read(own)
         with conn.transaction():  # the counter and the rows from one snapshot
             conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
@@ -94,7 +106,7 @@ class PostgresRegistry:
 
     # --- writing -------------------------------------------------------------------------------------
     def _edit(self, sql: str, params: tuple[object, ...]) -> int:
-        with psycopg.connect(self.conninfo) as conn, conn.transaction():
+        with psycopg.connect(self._libpq) as conn, conn.transaction():
             changed = conn.execute(sql, params).rowcount
             if changed:
                 conn.execute(_BUMP)
@@ -117,7 +129,7 @@ class PostgresRegistry:
 
     def set_password(self, site: str, password: str) -> None:
         new = hash_password(password)
-        with psycopg.connect(self.conninfo) as conn, conn.transaction():
+        with psycopg.connect(self._libpq) as conn, conn.transaction():
             row = conn.execute(
                 "SELECT credential FROM logstore_sites WHERE site = %s FOR UPDATE", (site,)
             ).fetchone()

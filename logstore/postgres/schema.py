@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import psycopg
 
+from .settings import libpq_conninfo
+
 __all__ = [
     "SCHEMA_VERSION",
     "StartupRefused",
@@ -102,7 +104,7 @@ def schema_version(conn: psycopg.Connection) -> int:
 
 def migrate(conninfo: str) -> tuple[int, int]:
     """Bring the schema to ``SCHEMA_VERSION``; returns (version before, version after)."""
-    with psycopg.connect(conninfo, autocommit=True) as conn:
+    with psycopg.connect(libpq_conninfo(conninfo), autocommit=True) as conn:
         before = schema_version(conn)
         if before > SCHEMA_VERSION:
             raise StartupRefused(_newer(before))

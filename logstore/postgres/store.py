@@ -18,6 +18,7 @@ of times. The clock is the database's (``statement_timestamp()``), so servers' c
 
 from __future__ import annotations
 
+import select
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -44,16 +45,21 @@ from ..core.models import (
 )
 from .pgerrors import (
     SERIALIZATION_RETRIES,
+    deadline_passed,
     is_serialization_failure,
     is_stale_connection,
     retry_delay,
     translate,
 )
 from .schema import check_durability, check_schema
+from .settings import client_settings
+from .watchdog import Watchdog, fileno
 
 __all__ = ["PostgresStore"]
 
 T = TypeVar("T")
+
+RECONNECT_TIMEOUT = 10.0  # seconds (psycopg_pool's reconnect_timeout)
 
 _APPEND = """
 WITH conv AS (
@@ -108,34 +114,48 @@ ORDER BY last_appended_at DESC, conversation_id LIMIT %s"""
 
 
 class PostgresStore:
-    """Thread-safe; one connection pool. ``lock_timeout``/``statement_timeout`` bound each statement
-    (-> ``Timeout``), ``pool_timeout`` bounds the wait for a connection (-> ``Unavailable``)."""
+    """Thread-safe; one connection pool. ``lock_timeout``/``statement_timeout`` bound each statement in
+    the database (-> ``Timeout``), ``pool_timeout`` the wait for a connection (-> ``Unavailable``), and
+    ``call_timeout`` the whole call on this side, whatever the network does (-> ``Unavailable``, outcome
+    unknown for an append already sent; watchdog.py). The last three, and ``pool_size``, can also be given
+    as store URL parameters (settings.py); an argument given here wins over the URL."""
 
     def __init__(
         self,
         conninfo: str,
         *,
         lock_timeout: float = 5.0,
-        statement_timeout: float = 30.0,
-        pool_size: int = 10,
-        pool_timeout: float = 5.0,
+        statement_timeout: float | None = None,
+        pool_size: int | None = None,
+        pool_timeout: float | None = None,
+        call_timeout: float | None = None,
         allow_async_commit: bool = False,
     ) -> None:
         self.conninfo = conninfo
+        libpq, self.settings = client_settings(
+            conninfo,
+            statement_timeout=statement_timeout,
+            pool_size=pool_size,
+            pool_timeout=pool_timeout,
+            call_timeout=call_timeout,
+        )
         self.lock_timeout = float(lock_timeout)
-        self._settings = {
-            "lock_timeout": f"{int(lock_timeout * 1000)}ms",
-            "statement_timeout": f"{int(statement_timeout * 1000)}ms",
-            "TimeZone": "UTC",  # timestamps come back as UTC datetimes (the models' convention)
-        }
+        self._session = (
+            f"{int(lock_timeout * 1000)}ms",
+            f"{int(self.settings.statement_timeout * 1000)}ms",
+        )
         # Test seam: microseconds since the epoch replacing the database clock for recorded_at (the
         # contract suite steers it to check that recorded_at never decreases); None in production.
         self.clock: Callable[[], int] | None = None
+        self._watchdog = Watchdog("logstore-pg-deadlines")
         self._pool = psycopg_pool.ConnectionPool(
-            conninfo,
+            libpq,
             min_size=1,
-            max_size=max(1, pool_size),
-            timeout=pool_timeout,
+            max_size=max(1, self.settings.pool_size),
+            timeout=self.settings.pool_timeout,
+            # A connection attempt failing for this long gives its slot up; the next call that finds no
+            # connection starts a new one at once (the backoff of a long-failing attempt grows past it).
+            reconnect_timeout=RECONNECT_TIMEOUT,
             kwargs={"autocommit": True},
             configure=self._configure,
             open=False,
@@ -144,21 +164,32 @@ class PostgresStore:
         self._closed = False
         self._guard = threading.Lock()
         try:
-            self._pool.open(wait=True, timeout=pool_timeout)
-            with self._pool.connection() as conn:
+            self._pool.open(wait=True, timeout=self.settings.pool_timeout)
+
+            def check(conn: psycopg.Connection) -> bytes:
                 key = check_schema(conn)
                 check_durability(conn, allow_async_commit=allow_async_commit)
+                return key
+
+            self._cursor_key = self._run(check, writing=False)
         except psycopg.Error as exc:
-            self._pool.close()
+            self.close()
             raise translate(exc, writing=False) or exc from exc
         except BaseException:
-            self._pool.close()
+            self.close()
             raise
-        self._cursor_key = key
 
     def _configure(self, conn: psycopg.Connection) -> None:
-        for name, value in self._settings.items():
-            conn.execute("SELECT set_config(%s, %s, false)", (name, value))
+        """A new connection's session settings, in one round trip bounded by the call deadline."""
+        armed = self._watchdog.arm(fileno(conn), time.monotonic() + self.settings.call_timeout)
+        try:
+            conn.execute(
+                "SELECT set_config('lock_timeout', %s, false), set_config('statement_timeout', %s, false),"
+                " set_config('TimeZone', 'UTC', false)",  # timestamps come back as UTC datetimes
+                self._session,
+            )
+        finally:
+            self._watchdog.disarm(armed)
 
     def __enter__(self) -> PostgresStore:
         return self
@@ -270,6 +301,7 @@ class PostgresStore:
                 return
             self._closed = True
         self._pool.close()
+        self._watchdog.stop()
 
     # ------------------------------------------------------------------ internals
     def _check_open(self) -> None:
@@ -283,25 +315,28 @@ class PostgresStore:
         return self._run(run, writing=False)
 
     def _run(self, work: Callable[[psycopg.Connection], T], *, writing: bool) -> T:
-        """``work`` on a pooled connection; errors translated; serialization failures retried, and a
-        connection found dead retried once (pgerrors.py says when that is safe)."""
-        deadline = time.monotonic() + self.lock_timeout
+        """``work`` on a pooled connection, all of it within ``call_timeout``; errors translated;
+        serialization failures retried, and a connection found dead retried once (pgerrors.py says when
+        that is safe)."""
+        start = time.monotonic()
+        deadline = start + self.settings.call_timeout
+        retry_until = min(deadline, start + self.lock_timeout)
         reconnected = False
         for attempt in range(SERIALIZATION_RETRIES + 1):
             self._check_open()
+            conn = self._take(deadline, writing=writing)
+            armed = self._watchdog.arm(fileno(conn), deadline)
             try:
-                with self._pool.connection() as conn:
-                    return work(conn)
+                return work(conn)
             except psycopg.Error as exc:
-                if (
-                    is_serialization_failure(exc)
-                    and attempt < SERIALIZATION_RETRIES
-                    and time.monotonic() < deadline
-                ):
-                    time.sleep(retry_delay(attempt))
-                    continue
-                if not reconnected and is_stale_connection(exc, writing=writing):
-                    reconnected = True  # the pool dropped the broken connection; take another
+                if self._watchdog.disarm(armed):
+                    raise deadline_passed(self.settings.call_timeout, writing=writing, sent=True) from exc
+                if is_serialization_failure(exc) and attempt < SERIALIZATION_RETRIES:
+                    if time.monotonic() < retry_until:
+                        time.sleep(retry_delay(attempt))
+                        continue
+                elif not reconnected and is_stale_connection(exc, writing=writing):
+                    reconnected = True  # the pool drops the broken connection; take another
                     continue
                 if self._closed:
                     raise Unavailable("store is closed") from exc
@@ -309,6 +344,34 @@ class PostgresStore:
                 if error is None:
                     raise
                 raise error from exc
+            finally:
+                self._watchdog.disarm(armed)
+                self._pool.putconn(conn)  # a broken one is closed and replaced by the pool
+        raise AssertionError("unreachable")
+
+    def _take(self, deadline: float, *, writing: bool) -> psycopg.Connection:
+        """A pooled connection whose socket has nothing to say (an idle connection that the server or the
+        network closed is readable: EOF, RST or the server's last FATAL message), within the deadline
+        and ``pool_timeout``. Finding it dead now, before a statement is sent, keeps the outcome known."""
+        for tried in range(self.settings.pool_size + 1):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise deadline_passed(self.settings.call_timeout, writing=writing, sent=False)
+            try:
+                conn = self._pool.getconn(timeout=min(self.settings.pool_timeout, remaining))
+            except psycopg.Error as exc:
+                if self._closed:
+                    raise Unavailable("store is closed") from exc
+                if isinstance(exc, psycopg_pool.PoolTimeout) and time.monotonic() >= deadline:
+                    raise deadline_passed(self.settings.call_timeout, writing=writing, sent=False) from exc
+                error = translate(exc, writing=False)  # nothing was sent
+                if error is None:
+                    raise
+                raise error from exc
+            if tried == self.settings.pool_size or not _has_input(conn):
+                return conn
+            conn.close()
+            self._pool.putconn(conn)
         raise AssertionError("unreachable")
 
     @staticmethod
@@ -324,3 +387,13 @@ class PostgresStore:
                     offset=seq,
                 ) from exc
         return out
+
+
+def _has_input(conn: psycopg.Connection) -> bool:
+    """The idle connection's socket is readable (or gone): the peer closed or reset it."""
+    fd = fileno(conn)
+    if fd < 0:
+        return True
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))

@@ -1,0 +1,153 @@
+"""A conversation's commit point: the durable end of its log, the one thing readers trust.
+
+Strategy (issue 20; SQLite's wal-index and Kafka's high watermark are the models). A writer stores, after
+each ``fdatasync`` and before it acknowledges, a small record at the start of the conversation's ``.lock``
+file (the file every writer already flocks; its content was unused): which log (inode), how far its
+frames are durable (``end``, ``next_seq``), in which *epoch*, on which boot. A reader in any process reads
+that record with one ``pread`` and serves frames up to ``end`` only: never bytes still being written,
+never a batch whose ``fdatasync`` has not returned, and always every batch acknowledged before the read
+started (the record was written before the acknowledgement).
+
+Rules:
+- The record is written only under the conversation's file lock, and only for frames that are durable:
+  after the commit's own ``fdatasync``, or after recovery took in frames a crashed writer left and
+  fdatasynced them (recovery's frames beyond the old record are not known to be durable until then).
+- Within one epoch a log only grows: frames at or before ``end`` never change. Anything that cuts or
+  replaces frames a record vouched for (a repair, an erasure, cutting a failed write another process had
+  taken in) first *invalidates* the record (zeros; ``invalidate``), then changes the log; the next locked
+  recovery starts a new, random epoch. A reader that scanned while that happened sees another record when
+  it reads it again after its scan (a seqlock), and starts over.
+- The record is never fsynced: after a power loss it may be stale, so a record from another boot is not
+  trusted (the reader recovers under the file lock instead, and writes a new one). After a process crash
+  the page cache keeps it, and it still tells the truth: the dead writer wrote it after an ``fdatasync``.
+- Damage: recovery under the lock (or a full rescan under it) found corruption after ``end``. The record
+  then carries its offset and reason, so every process reports the same ``Corrupted`` (one verdict),
+  whichever found it, and serves the frames before it; only a repair (which invalidates) clears it.
+
+Sans-IO codec plus two one-call helpers; ``FileOps`` does the I/O.
+
+    offset size
+    0      4    magic "LSCP"
+    4      1    version (1)
+    5      3    zero
+    8      16   boot id (logstore.file.boot)
+    24     8    epoch (random; changes whenever frames a record vouched for may have changed)
+    32     8    inode of the log file
+    40     8    end: offset just past the last durable frame
+    48     8    next_seq: the seq after that frame's last item
+    56     8    damage offset (meaningful when the reason is not empty)
+    64     16   damage reason, ASCII, NUL-padded (empty: no damage)
+    80     4    CRC32C of bytes 0..79
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import struct
+from typing import NamedTuple
+
+from crc32c import crc32c
+
+from . import boot
+from .fileio import FileOps
+
+__all__ = [
+    "RECORD_SIZE",
+    "NO_RECORD",
+    "CommitPoint",
+    "encode",
+    "decode",
+    "new_epoch",
+    "read_raw",
+    "write_raw",
+    "write_empty",
+    "invalidate",
+]
+
+MAGIC = b"LSCP"
+VERSION = 1
+_BODY = struct.Struct("<4sBxxx16s8sQQQQ16s")
+_CRC = struct.Struct("<I")
+RECORD_SIZE = _BODY.size + _CRC.size  # 84
+NO_RECORD = bytes(RECORD_SIZE)  # what ``invalidate`` writes: decodes to None, trusted by nobody
+
+
+class CommitPoint(NamedTuple):
+    boot: bytes
+    epoch: bytes
+    ino: int
+    end: int
+    next_seq: int
+    damage: tuple[int, str] | None = None  # (offset, reason) judged under the lock
+
+    def trusted_for(self, ino: int) -> bool:
+        """Whether a reader of the log with inode ``ino`` may serve frames up to ``end`` without the lock.
+        A record at 0 vouches for nothing, so it holds for any file: a writer writes one before it creates
+        a log, and readers of a log being created need no lock."""
+        return (self.ino == ino or self.end == 0) and self.boot == boot.boot_id()
+
+
+def new_epoch() -> bytes:
+    return secrets.token_bytes(8)
+
+
+def encode(point: CommitPoint) -> bytes:
+    offset, reason = point.damage if point.damage is not None else (0, "")
+    body = _BODY.pack(
+        MAGIC,
+        VERSION,
+        point.boot,
+        point.epoch,
+        point.ino,
+        point.end,
+        point.next_seq,
+        offset,
+        reason.encode("ascii", "replace")[:16],
+    )
+    return body + _CRC.pack(crc32c(body))
+
+
+def decode(raw: bytes) -> CommitPoint | None:
+    """The record in ``raw`` (the first ``RECORD_SIZE`` bytes of a lock file), or None: absent (an empty
+    lock file, an older release's), invalidated, torn (a concurrent write), or of an unknown version."""
+    if len(raw) < RECORD_SIZE or raw[:4] != MAGIC:
+        return None
+    body = raw[: _BODY.size]
+    if _CRC.unpack_from(raw, _BODY.size)[0] != crc32c(body):
+        return None
+    _magic, version, boot_id, epoch, ino, end, next_seq, offset, reason = _BODY.unpack(body)
+    if version != VERSION:
+        return None
+    text = reason.rstrip(b"\0").decode("ascii", "replace")
+    return CommitPoint(boot_id, epoch, ino, end, next_seq, (offset, text) if text else None)
+
+
+def read_raw(ops: FileOps, fd: int) -> bytes:
+    return ops.pread(fd, RECORD_SIZE, 0)
+
+
+def write_raw(ops: FileOps, fd: int, raw: bytes) -> None:
+    ops.pwrite(fd, raw, 0)
+
+
+def write_empty(ops: FileOps, lock_path: str) -> None:
+    """Before a writer creates a log (holding its file lock): a record that vouches for nothing yet."""
+    fd = ops.open(lock_path, os.O_RDWR | os.O_CREAT)
+    try:
+        write_raw(ops, fd, encode(CommitPoint(boot.boot_id(), new_epoch(), 0, 0, 0)))
+    finally:
+        ops.close(fd)
+
+
+def invalidate(ops: FileOps, lock_path: str) -> None:
+    """Before a tool cuts, replaces or removes a log (holding its file lock): no reader may trust the old
+    record any more. Raises ``OSError``. A missing lock file has no record to invalidate."""
+    try:
+        fd = ops.open(lock_path, os.O_RDWR)
+    except FileNotFoundError:
+        return
+    try:
+        write_raw(ops, fd, NO_RECORD)
+    finally:
+        ops.close(fd)

@@ -1,0 +1,344 @@
+"""The conversation browser at ``/ui/``: read-only pages over the ``Backend`` a server serves, for any
+backend (file, PostgreSQL), never the files.
+
+- ``/ui/``: the site's conversations, most recently appended first, paged with the listing cursor;
+- ``/ui/c/<id>``: one conversation's items by seq (first / previous / next / last / go to seq), batches
+  grouped, payloads as collapsible JSON; ``follow=1`` polls ``/ui/c/<id>/after`` for new items;
+- ``/ui/c/<id>/export.jsonl``: the conversation as ``logstore export`` writes it (``core.imported``);
+- ``/ui/status``: version, backend kind, the site's conversation count (up to ``COUNT_CAP``).
+
+Around the pages (outermost first): ``SecurityHeaders`` (strict CSP with no inline script, no-store,
+nosniff, frame-ancestors 'none', on every response, the 401s included), a Host check (DNS rebinding, when
+the server is bound to loopback, as ``/mcp``), then ``server.auth.BasicAuthMiddleware`` with the server's
+own ``Authenticator``: the same credentials, caches and throttles as ``/mcp``. Only GET (and HEAD). Store
+calls and rendering run in worker threads under the MCP tools' ``CapacityLimiter``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import anyio
+import msgspec
+from jinja2 import Environment, FileSystemLoader, StrictUndefined
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from logstore.core.backend import Backend
+from logstore.core.errors import LogstoreError
+from logstore.core.imported import export_item
+from logstore.core.limits import MAX_READ_COUNT
+
+from ..auth import Authenticator, BasicAuthMiddleware, site_of_scope
+from ..mcp_app import server_version
+from ..tool_errors import error_body
+from .render import group_batches, time_view
+
+__all__ = ["build_ui_app", "SECURITY_HEADERS", "PAGE_ITEMS", "COUNT_CAP"]
+
+log = logging.getLogger("logstore.server.ui")
+
+HERE = Path(__file__).resolve().parent
+PAGE_ITEMS = 100  # items per conversation page by default (?n= 1..MAX_PAGE_ITEMS)
+MAX_PAGE_ITEMS = 500
+LIST_PAGE = 50  # conversations per listing page by default (?n= 1..MAX_READ_COUNT)
+FOLLOW_BATCH = 200  # items one follow poll brings at most
+COUNT_CAP = 10_000  # the status page counts conversations up to this many (10 listing pages)
+
+SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
+    (
+        b"content-security-policy",
+        b"default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
+        b"form-action 'self'; base-uri 'none'; frame-ancestors 'none'",
+    ),
+    (b"cache-control", b"no-store"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"x-frame-options", b"DENY"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"cross-origin-opener-policy", b"same-origin"),
+    (b"cross-origin-resource-policy", b"same-origin"),
+)
+_STATIC = {
+    "ui.js": "text/javascript; charset=utf-8",
+    "ui.css": "text/css; charset=utf-8",
+    "favicon.svg": "image/svg+xml",
+}
+T = TypeVar("T")
+
+
+class SecurityHeaders:
+    """Adds ``SECURITY_HEADERS`` to every response of the wrapped app (replacing any of the same name)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self._names = {name for name, _ in SECURITY_HEADERS}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                kept = [(k, v) for k, v in message.get("headers", []) if k.lower() not in self._names]
+                message = {**message, "headers": [*kept, *SECURITY_HEADERS]}
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
+
+
+class HostGuard:
+    """421 for a request whose Host is not one of ``allowed`` (``name`` or ``name:*`` for any port): a page
+    on another origin that rebinds its DNS name to 127.0.0.1 must not read this server's pages."""
+
+    def __init__(self, app: ASGIApp, allowed: Sequence[str]) -> None:
+        self.app = app
+        self._exact = {a for a in allowed if not a.endswith(":*")}
+        self._any_port = {a.removesuffix(":*") for a in allowed if a.endswith(":*")}
+
+    def allows(self, host: str) -> bool:
+        if host in self._exact:
+            return True
+        name, sep, port = host.rpartition(":")
+        return bool(sep) and port.isdigit() and name in self._any_port
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            host = next((v for k, v in scope["headers"] if k == b"host"), b"").decode("latin-1")
+            if not self.allows(host):
+                response = Response("misdirected request: unexpected Host header\n", status_code=421)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+class _NotFound(Exception):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class _Page:
+    """A rendered response, built in a worker thread."""
+
+    body: bytes
+    status: int = 200
+    media_type: str = "text/html; charset=utf-8"
+
+
+def _int_param(request: Request, name: str, default: int | None, low: int, high: int) -> int | None:
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, got {raw!r}") from None
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be between {low} and {high}, got {value}")
+    return value
+
+
+class Pages:
+    """The page handlers over one store. Each request costs one to three store calls."""
+
+    def __init__(
+        self, store: Backend, limiter: anyio.CapacityLimiter, *, backend_kind: str, prefix: str = "/ui"
+    ) -> None:
+        self.store, self.limiter, self.backend_kind, self.prefix = store, limiter, backend_kind, prefix
+        self.env = Environment(
+            loader=FileSystemLoader(HERE / "templates"),
+            autoescape=True,  # every template, whatever its name
+            undefined=StrictUndefined,
+            trim_blocks=True,
+            lstrip_blocks=True,
+        )
+        self.env.globals.update(prefix=prefix, version=server_version())
+        self.static = {name: (HERE / "static" / name).read_bytes() for name in _STATIC}
+
+    def html(self, template: str, status: int = 200, **context: Any) -> _Page:
+        return _Page(self.env.get_template(template).render(**context).encode("utf-8"), status)
+
+    async def run(
+        self, request: Request, work: Callable[..., _Page], args: Callable[[], tuple[Any, ...]] = tuple
+    ) -> Response:
+        """``work(site, *args())`` in a worker thread; a store error or a bad parameter (``args`` raising
+        ValueError) becomes its page."""
+        site = site_of_scope(request.scope)
+        try:
+            parsed = args()
+        except ValueError as exc:
+            page = self.html("error.html", 400, site=site, code="InvalidArgument", message=str(exc))
+        else:
+            page = await anyio.to_thread.run_sync(self._guarded, work, site, *parsed, limiter=self.limiter)
+            assert isinstance(page, _Page)
+        return Response(page.body, status_code=page.status, media_type=page.media_type)
+
+    def _guarded(self, work: Callable[..., T], site: str, *args: Any) -> T | _Page:
+        try:
+            return work(site, *args)
+        except _NotFound as exc:
+            return self.html("error.html", 404, site=site, code="NotFound", message=str(exc))
+        except LogstoreError as exc:
+            body = error_body(exc)["error"]
+            status = 503 if exc.retryable else 500 if exc.code in ("Corrupted", "Unreadable") else 400
+            return self.html("error.html", status, site=site, code=body["code"], message=body["message"])
+
+    # ------------------------------------------------------------------ pages
+    async def conversations(self, request: Request) -> Response:
+        def args() -> tuple[Any, ...]:
+            n = _int_param(request, "n", LIST_PAGE, 1, MAX_READ_COUNT)
+            return request.query_params.get("cursor") or None, n
+
+        return await self.run(request, self._conversations, args)
+
+    def _conversations(self, site: str, cursor: str | None, n: int) -> _Page:
+        page = self.store.list_conversations(site, cursor=cursor, limit=n)
+        rows = [
+            (s.conversation_id, time_view(s.created_at), time_view(s.last_appended_at))
+            for s in page.conversations
+        ]
+        return self.html("conversations.html", site=site, rows=rows, next_cursor=page.next_cursor,
+                         first=cursor is None, n=n)  # fmt: skip
+
+    async def conversation(self, request: Request) -> Response:
+        def args() -> tuple[Any, ...]:
+            q = request.query_params
+            n = _int_param(request, "n", PAGE_ITEMS, 1, MAX_PAGE_ITEMS)
+            start = _int_param(request, "from", 0, 0, 2**31)
+            seq = _int_param(request, "seq", None, 0, 2**31)
+            follow = q.get("follow") == "1"
+            last = q.get("page") == "last" or follow
+            return request.path_params["cid"], n, start, seq, last, follow
+
+        return await self.run(request, self._conversation, args)
+
+    def _conversation(
+        self, site: str, cid: str, n: int, start: int, seq: int | None, last: bool, follow: bool
+    ) -> _Page:
+        tail = self.store.recall(site, cid, 1)
+        if not tail:
+            raise _NotFound(f"no conversation {cid} in site {site}")
+        last_seq = tail[0].seq
+        last_start = last_seq // n * n
+        if seq is not None:
+            start = min(seq, last_seq) // n * n
+        elif last:
+            start = last_start
+        start = min(start, last_start)
+        items = self.store.replay(site, cid, offset=start, limit=n)
+        return self.html(
+            "conversation.html",
+            site=site,
+            cid=cid,
+            n=n,
+            start=start,
+            last_seq=max(last_seq, items[-1].seq if items else last_seq),
+            last_start=last_start,
+            target=seq,
+            follow=follow,
+            next_seq=items[-1].seq + 1 if items else start,
+            batches=group_batches(items),
+        )
+
+    async def after(self, request: Request) -> Response:
+        def args() -> tuple[Any, ...]:
+            return request.path_params["cid"], _int_param(request, "from", 0, 0, 2**31)
+
+        return await self.run(request, self._after, args)
+
+    def _after(self, site: str, cid: str, start: int) -> _Page:
+        items = self.store.replay(site, cid, offset=start, limit=FOLLOW_BATCH)
+        html = self.env.get_template("_batches.html").render(batches=group_batches(items), cid=cid, n=0)
+        body = {"next": items[-1].seq + 1 if items else start, "html": html}
+        return _Page(msgspec.json.encode(body), media_type="application/json")
+
+    async def status(self, request: Request) -> Response:
+        return await self.run(request, self._status)
+
+    def _status(self, site: str) -> _Page:
+        count, cursor, capped = 0, None, True
+        while count < COUNT_CAP:
+            page = self.store.list_conversations(site, cursor=cursor, limit=MAX_READ_COUNT)
+            count += len(page.conversations)
+            cursor = page.next_cursor
+            if cursor is None:
+                capped = False
+                break
+        return self.html("status.html", site=site, backend_kind=self.backend_kind, count=count,
+                         capped=capped)  # fmt: skip
+
+    async def download(self, request: Request) -> Response:
+        """The conversation as JSON Lines, up to the item that was last when the download began (as
+        ``logstore export`` stops at its snapshot), streamed page by page."""
+        site = site_of_scope(request.scope)
+        cid = request.path_params["cid"]
+        found = await anyio.to_thread.run_sync(self._guarded, self._end, site, cid, limiter=self.limiter)
+        if isinstance(found, _Page):
+            return Response(found.body, status_code=found.status, media_type=found.media_type)
+        end: int = found
+
+        async def lines() -> AsyncIterator[bytes]:
+            seq = 0
+            while seq < end:
+                items = await self._call(self.store.replay, site, cid, seq, min(MAX_READ_COUNT, end - seq))
+                if not items:
+                    return
+                yield b"".join(map(export_item, items))
+                seq = items[-1].seq + 1
+
+        return StreamingResponse(
+            lines(),
+            media_type="application/jsonl",
+            headers={"content-disposition": f'attachment; filename="{cid}.jsonl"'},
+        )
+
+    def _end(self, site: str, cid: str) -> int:
+        """One past the conversation's last seq now."""
+        tail = self.store.recall(site, cid, 1)
+        if not tail:
+            raise _NotFound(f"no conversation {cid} in site {site}")
+        return tail[0].seq + 1
+
+    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        return await anyio.to_thread.run_sync(fn, *args, limiter=self.limiter)
+
+    async def static_file(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        if name not in self.static:
+            return Response("not found\n", status_code=404, media_type="text/plain")
+        return Response(self.static[name], media_type=_STATIC[name])
+
+
+def build_ui_app(
+    store: Backend,
+    *,
+    authenticator: Authenticator,
+    limiter: anyio.CapacityLimiter,
+    backend_kind: str,
+    allowed_hosts: Sequence[str] | None = None,
+    on_auth_failure: Callable[[str], None] | None = None,
+) -> ASGIApp:
+    """The browser, to mount at ``/ui``: pages behind the server's Basic authentication."""
+    pages = Pages(store, limiter, backend_kind=backend_kind)
+    get = ["GET"]  # Starlette answers HEAD for GET routes, and 405 for every other method
+    router = Starlette(
+        routes=[
+            Route("/", pages.conversations, methods=get),
+            Route("/status", pages.status, methods=get),
+            Route("/c/{cid}", pages.conversation, methods=get),
+            Route("/c/{cid}/after", pages.after, methods=get),
+            Route("/c/{cid}/export.jsonl", pages.download, methods=get),
+            Route("/static/{name}", pages.static_file, methods=get),
+        ]
+    )
+    app: ASGIApp = BasicAuthMiddleware(router, authenticator, on_failure=on_auth_failure)
+    if allowed_hosts is not None:
+        app = HostGuard(app, allowed_hosts)
+    return SecurityHeaders(app)

@@ -1,0 +1,150 @@
+"""What the browser pages show, built from ``Backend`` results: payloads as collapsible, highlighted JSON,
+items grouped into batches, times both exact and relative. Pure functions, no I/O.
+
+Every payload is hostile input. Each value is written as its JSON literal (msgspec's encoding, the form the
+store holds) and then HTML-escaped; nothing from a payload ever becomes markup, an attribute, a URL or a
+style. Characters that would reorder or hide the text around them (bidirectional overrides and isolates,
+zero-width characters, line and paragraph separators, the BOM) are shown as their ``\\uXXXX`` escape, which
+is also what they mean in JSON, so a string cannot disguise itself or its neighbours.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
+from markupsafe import Markup
+
+from logstore.core.models import MemoryItem, rfc3339
+
+__all__ = ["Batch", "payload_html", "group_batches", "relative_time", "TimeView", "time_view"]
+
+_encode = msgspec.json.Encoder().encode
+# Bidi embeddings/overrides/isolates, marks, zero-width characters, separators, BOM, Arabic letter mark.
+_INVISIBLE = re.compile("[\u200b-\u200f\u202a-\u202e\u2028\u2029\u2060-\u2069\ufeff\u061c]")
+OPEN_DEPTH = 2  # containers nested deeper than this start collapsed
+
+
+def _visible(match: re.Match[str]) -> str:
+    return f'<span class="u">\\u{ord(match.group()):04x}</span>'
+
+
+def _string(value: str) -> str:
+    """A JSON string literal as safe HTML (text content only: it never lands in an attribute)."""
+    text = _encode(value).decode("utf-8")
+    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&#34;")
+    # str.isascii() is O(1) (CPython keeps the widest character): only non-ASCII text needs the scan.
+    return text if text.isascii() else _INVISIBLE.sub(_visible, text)
+
+
+_COMMA = '<span class="p">,</span>'
+
+
+def _render(value: Any, depth: int, out: list[str], comma: str = "") -> None:
+    """Append ``value``'s HTML to ``out``; ``comma`` follows it (inside a container's fold, so that a
+    folded container still shows it)."""
+    if isinstance(value, str):
+        out.append(f'<span class="s">{_string(value)}</span>{comma}')
+    elif isinstance(value, bool) or value is None:
+        out.append(
+            f'<span class="l">{"null" if value is None else ("true" if value else "false")}</span>{comma}'
+        )
+    elif isinstance(value, int | float):
+        out.append(f'<span class="m">{_encode(value).decode("ascii")}</span>{comma}')
+    elif isinstance(value, dict):
+        _container(value, depth, out, "{", "}", "key" if len(value) == 1 else "keys", comma)
+    elif isinstance(value, list):
+        _container(value, depth, out, "[", "]", "item" if len(value) == 1 else "items", comma)
+    else:  # a backend returned a type JSON does not have: show it, never trust it
+        out.append(f'<span class="s">{_string(repr(value))}</span>{comma}')
+
+
+def _container(
+    value: dict[str, Any] | list[Any],
+    depth: int,
+    out: list[str],
+    left: str,
+    right: str,
+    noun: str,
+    comma: str,
+) -> None:
+    if not value:
+        out.append(f'<span class="p">{left}{right}</span>{comma}')
+        return
+    is_open = " open" if depth < OPEN_DEPTH else ""
+    closing = right + ("," if comma else "")
+    out.append(
+        f'<details class="j"{is_open}><summary data-c="{closing}"><span class="p">{left}</span>'
+        f'<span class="n">{len(value)} {noun}</span></summary><div class="b">'
+    )
+    last = len(value) - 1
+    if isinstance(value, dict):
+        for k, (key, child) in enumerate(value.items()):
+            out.append(f'<div class="r"><span class="k">{_string(key)}</span><span class="p">: </span>')
+            _render(child, depth + 1, out, _COMMA if k < last else "")
+            out.append("</div>")
+    else:
+        for k, child in enumerate(value):
+            out.append('<div class="r">')
+            _render(child, depth + 1, out, _COMMA if k < last else "")
+            out.append("</div>")
+    out.append(f'</div><span class="p">{right}</span>{comma}</details>')
+
+
+def payload_html(payload: Any) -> Markup:
+    """The payload as nested ``<details>`` (collapsible without script), every token classed for colour."""
+    out: list[str] = []
+    _render(payload, 0, out)
+    return Markup("".join(out))  # noqa: S704 - built only from escaped literals and our own tags
+
+
+@dataclass(frozen=True, slots=True)
+class TimeView:
+    exact: str  # RFC 3339, what the API returns
+    relative: str  # "5 min ago"; the page's script keeps it current
+
+
+def relative_time(then: datetime, now: datetime) -> str:
+    seconds = int((now - then).total_seconds())
+    if seconds < 0:
+        return "in the future"
+    for size, unit in ((86_400 * 365, "y"), (86_400, "d"), (3_600, "h"), (60, "min")):
+        if seconds >= size:
+            return f"{seconds // size} {unit} ago"
+    return f"{seconds} s ago"
+
+
+def time_view(then: datetime, now: datetime | None = None) -> TimeView:
+    return TimeView(rfc3339(then), relative_time(then, now or datetime.now(UTC)))
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Consecutive items recorded at the same instant: one append (or several whose times coincided,
+    which no reader can tell apart; the PostgreSQL backend keeps no batch boundaries)."""
+
+    recorded_at: TimeView
+    items: list[tuple[int, Markup]]  # (seq, the payload's HTML)
+
+    @property
+    def first_seq(self) -> int:
+        return self.items[0][0]
+
+    @property
+    def last_seq(self) -> int:
+        return self.items[-1][0]
+
+
+def group_batches(items: list[MemoryItem], now: datetime | None = None) -> list[Batch]:
+    now = now or datetime.now(UTC)
+    batches: list[Batch] = []
+    at: datetime | None = None
+    for item in items:
+        if item.recorded_at != at:
+            at = item.recorded_at
+            batches.append(Batch(time_view(at, now), []))
+        batches[-1].items.append((item.seq, payload_html(item.payload)))
+    return batches
