@@ -200,7 +200,10 @@ def check(data: str, oracle: Oracle, gen: int, *, final: bool, shared: int = 4) 
             for site, cid in shared_conversations(gen, shared):
                 r = store.append(site, cid, [{"after": "kill -9"}])
                 if r.first != res.ends[(site, cid)]:
-                    raise TortureFailure(f"{site}/{cid}: append after the kills landed at {r.first}")
+                    raise TortureFailure(
+                        f"{site}/{cid}: append after the kills landed at {r.first}, but the reads ended at "
+                        f"{res.ends[(site, cid)]}"
+                    )
     return res.batches_verified
 
 
