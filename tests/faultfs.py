@@ -58,7 +58,7 @@ __all__ = [
 
 SECTOR = 512
 # Calls for which ENOSPC is plausible (they may need new blocks or inodes).
-WRITE_LIKE = frozenset({"create", "pwrite", "append", "fdatasync", "fsync", "mkdir", "rename"})
+WRITE_LIKE = frozenset({"create", "pwrite", "append", "fdatasync", "fsync", "mkdir", "rename", "link"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -389,7 +389,7 @@ class FaultFS(FileOps):
             self._begin("link", dst)
             os.link(src, dst)
             node = self._live.get(src)
-            if node is not None:
+            if node is not None and self._tracked(dst):
                 self._live[dst] = node
                 parent, name = self._parent(dst)
                 if parent is not None:

@@ -12,6 +12,11 @@ conversation on disk with items, created_at / last_appended_at equal to its log'
 appends work. (This absorbed the former tests/test_crash_kill.py: one writer killed at random moments
 with the listing checked after each kill.)
 
+The writers also read (half their operations: recall, and replay near the end they last saw), and every
+append and read is recorded for the history checker (tests/history.py), which judges each read at the
+end: it holds every batch acknowledged (by any process) before it started, is gapless, and returns
+nothing that is not at that seq after the run (issue 20).
+
 Writers are forked from a preloaded fork server so that a kill/restart costs milliseconds, not an
 interpreter start. Default: 200 kills; LOGSTORE_LONG=1: 3000 (LOGSTORE_KILLS overrides both).
 
@@ -33,12 +38,15 @@ import pytest
 from logstore import Store
 from logstore.file.fileio import FileOps
 from tests.helpers import LONG
+from tests.history import Report, conversation_key, decode_records, final_state
+from tests.history import check as check_records
 from tests.torture_workload import (
     FIGURES,
     Oracle,
     TortureFailure,
     register_summary,
     shared_conversations,
+    torture_id,
     verify_store,
     writer_main,
 )
@@ -109,6 +117,7 @@ class Writers:
                 self.threads,
                 self.max_open,
                 self.shared,
+                self.history_path(self.gen),
             ),
             daemon=True,
         )
@@ -118,6 +127,9 @@ class Writers:
 
     def ack_path(self, gen: int) -> str:
         return os.path.join(self.acks, f"{gen}.acks")
+
+    def history_path(self, gen: int) -> str:
+        return os.path.join(self.acks, f"{gen}.history")
 
     def kill_next(self) -> int:
         """SIGKILL the writer whose moment comes first; return its generation once it is dead."""
@@ -188,7 +200,10 @@ def check(data: str, oracle: Oracle, gen: int, *, final: bool, shared: int = 4) 
             for site, cid in shared_conversations(gen, shared):
                 r = store.append(site, cid, [{"after": "kill -9"}])
                 if r.first != res.ends[(site, cid)]:
-                    raise TortureFailure(f"{site}/{cid}: append after the kills landed at {r.first}")
+                    raise TortureFailure(
+                        f"{site}/{cid}: append after the kills landed at {r.first}, but the reads ended at "
+                        f"{res.ends[(site, cid)]}"
+                    )
     return res.batches_verified
 
 
@@ -252,7 +267,30 @@ def run_kill9(
     assert len(oracle.acked) > total, "writers should acknowledge far more batches than they are killed"
     FIGURES.kills += kills
     FIGURES.batches_verified += verified
+    report = check_history(data, [writers.history_path(gen) for gen in range(1, writers.gen + 1)])
+    FIGURES.history_reads += report.reads_checked
+    FIGURES.history_appends += report.appends_checked
+    FIGURES.history_anomalies.update(report.anomalies)
     FIGURES.sections[section] = time.monotonic() - started
+    print(f"\n[{section}] {report.summary()}")
+    assert report.reads_checked > 0, "the writers' reads were not recorded"
+    assert report.total == 0, f"{report.summary()}; e.g. {report.examples[:5]}"
+
+
+def check_history(data: str, paths: list[str]) -> Report:
+    """Every read the writers made, judged against every recorded acknowledgement and the final logs
+    (tests/history.py): read-after-acknowledgement across processes, gapless, no phantoms."""
+    records = []
+    for path in paths:
+        try:
+            with open(path, "rb") as f:
+                records += decode_records(f.read())
+        except FileNotFoundError:
+            pass
+    keys = {conversation_key(site, cid) for site, cid in _conversations_on_disk(data)}
+    with Store(data, lock_timeout=30.0) as store:
+        final = final_state(store, keys, id_of=torture_id)
+    return check_records(records, final)
 
 
 # --------------------------------------------------------------------------- regressions found by this suite

@@ -24,6 +24,7 @@ import msgspec
 
 from logstore import LogstoreError, Store, Timeout
 from logstore.core.models import datetime_to_micros
+from tests.history import Recorder
 
 __all__ = [
     "Batch",
@@ -40,6 +41,7 @@ __all__ = [
     "writer_main",
     "shared_conversations",
     "register_summary",
+    "torture_id",
 ]
 
 _encode = msgspec.json.Encoder().encode
@@ -67,6 +69,9 @@ class Figures:
     tail_flips: int = 0  # in a v2 log's preallocated zero tail / a chunk a crash left: never acknowledged
     batches_verified: int = 0
     lost: int = 0
+    history_reads: int = 0  # reads judged by the history checker (tests/history.py)
+    history_appends: int = 0
+    history_anomalies: Counter[str] = field(default_factory=Counter)
     sections: dict[str, float] = field(default_factory=dict)  # wall seconds per torture test
 
     def lines(self) -> list[str]:
@@ -86,6 +91,8 @@ class Figures:
             "without its index): cut as torn, nothing acknowledged lost",
             f"acknowledged batches verified {self.batches_verified}",
             f"acknowledged batches lost     {self.lost}",
+            f"history checked               {self.history_reads} reads, {self.history_appends} acknowledged "
+            f"appends: anomalies {dict(self.history_anomalies) or 0}",
         ]
         for name, secs in self.sections.items():
             out.append(f"  {name:<28}{secs:6.1f} s")
@@ -398,6 +405,13 @@ def shared_conversations(gen: int, count: int = 4) -> list[tuple[str, str]]:
     return (base + more)[:count]
 
 
+def torture_id(payload: object) -> str | None:
+    """The history checker's name of a torture item: ``batch id/index`` (None for anything else)."""
+    if isinstance(payload, dict) and isinstance(payload.get("b"), str) and isinstance(payload.get("i"), int):
+        return f"{payload['b']}/{payload['i']}"
+    return None
+
+
 def writer_main(
     data_dir: str,
     ack_path: str,
@@ -406,13 +420,20 @@ def writer_main(
     threads: int,
     max_open: int = 256,
     shared_count: int = 4,
+    history_path: str | None = None,
 ) -> None:
     """A writer process: ``threads`` threads append to the shared conversations (and a few of their own)
     until killed. Each acknowledgment is reported as one line, written with a single ``write`` to an
     O_APPEND file *after* ``append`` returned; a line without its newline (killed mid-report) is
     ignored by the parent, which only ever under-counts acknowledgments. A small ``max_open`` with many
-    ``shared_count`` conversations makes the handle cache evict (and close locks) every few operations."""
+    ``shared_count`` conversations makes the handle cache evict (and close locks) every few operations.
+
+    The threads also read (recall, and replay near the end they last saw); with ``history_path`` every
+    append and read is recorded there for the history checker (tests/history.py), one line each."""
     ack_fd = os.open(ack_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    history_fd = None
+    if history_path is not None:
+        history_fd = os.open(history_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         store = Store(data_dir, lock_timeout=30.0, max_open_conversations=max_open)
     except LogstoreError as exc:  # recovery must not fail: report and let the parent fail the test
@@ -423,19 +444,28 @@ def writer_main(
 
     def run(t: int) -> None:
         rng = random.Random(seed * 1000 + t)
+        rec = Recorder(who=f"g{gen}t{t}", fd=history_fd, keep=False, id_of=torture_id)
+        seen_end: dict[tuple[str, str], int] = {}  # the next seq this thread last saw, per conversation
         k = 0
         while True:
             if rng.random() < 0.8:
                 site, cid = rng.choice(shared)
             else:
                 site, cid = rng.choice(("site-a", "site-b")), f"own-g{gen}-{rng.randint(0, 2)}"
-            if rng.random() < 0.15:  # a reader among the writers: what it sees must be right
+            if rng.random() < 0.5:  # a reader among the writers: what it sees must be right
                 try:
-                    problem = _check_read(store.recall(site, cid, rng.randint(1, 20)))
+                    if rng.random() < 0.5:
+                        got = rec.recall(store, site, cid, rng.randint(1, 20))
+                    else:
+                        offset = max(0, seen_end.get((site, cid), 0) - rng.randint(0, 5))
+                        got = rec.replay(store, site, cid, offset, rng.randint(1, 20))
+                    problem = _check_read(got)
+                    if got:
+                        seen_end[(site, cid)] = max(seen_end.get((site, cid), 0), got[-1].seq + 1)
                 except LogstoreError as exc:
                     problem = f"{type(exc).__name__} {exc}"
                 if problem:
-                    os.write(ack_fd, f"X recall {site} {cid} {problem}\n".encode())
+                    os.write(ack_fd, f"X read {site} {cid} {problem}\n".encode())
                     os._exit(5)
             bid = f"g{gen}t{t}k{k}"
             k += 1
@@ -443,13 +473,14 @@ def writer_main(
             n = rng.randint(1, 2) if roll < 0.7 else rng.randint(3, 6) if roll < 0.95 else rng.randint(10, 25)
             items = items_for(bid, n, 0.1)
             try:
-                r = store.append(site, cid, items)
+                r = rec.append(store, site, cid, items)
             except Timeout:
                 continue
             except Exception as exc:  # not only LogstoreError: a raw OSError (EBADF) is a bug too
                 os.write(ack_fd, f"X append {site} {cid} {bid} {type(exc).__name__} {exc}\n".encode())
                 os._exit(4)
             os.write(ack_fd, f"A {site} {cid} {bid} {n} {r.first} {r.last}\n".encode())
+            seen_end[(site, cid)] = max(seen_end.get((site, cid), 0), r.last + 1)
             time.sleep(rng.random() * 0.002)  # leave the (shared) CPUs some air; kills still land anywhere
 
     for t in range(threads):

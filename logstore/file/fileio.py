@@ -108,13 +108,13 @@ class FileOps:
     def rename(self, src: str, dst: str) -> None:
         os.replace(src, dst)
 
+    def link(self, src: str, dst: str) -> None:
+        """Give the file ``src`` the new name ``dst``; ``FileExistsError`` if ``dst`` exists. The atomic
+        "create unless present" of a file written whole first (the cursor key, the store id)."""
+        os.link(src, dst)
+
     def unlink(self, path: str) -> None:
         os.unlink(path)
-
-    def link(self, src: str, dst: str) -> None:
-        """A second name for ``src``; ``FileExistsError`` if ``dst`` exists (an exclusive create of a
-        whole file: write and fsync a temp file, then link it into place)."""
-        os.link(src, dst)
 
     def mkdir(self, path: str) -> None:
         os.mkdir(path, DIR_MODE)

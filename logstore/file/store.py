@@ -31,6 +31,8 @@ from .manifest import SiteManifest
 
 __all__ = ["Store"]
 
+_SECRET_BYTES = 32
+
 
 class Store:
     def __init__(
@@ -124,13 +126,40 @@ class Store:
 
     # ------------------------------------------------------------------ internals
     def _load_secret(self) -> bytes:
+        """The key that signs list cursors: one per data dir, whoever opens it first makes it.
+
+        Processes opening a new data dir at the same moment (``serve --workers N`` on a first start) must
+        agree on it, so it is created exclusively: a temp file is written whole and fsynced, then
+        ``link``-ed into place; EEXIST means another opener won, and its key (written whole before it
+        was named) is read instead. Winner or not, the directory is fsynced before the key signs anything.
+        A key of the wrong size (damage) is replaced, as before: cursors signed with it were void anyway."""
         path = layout.secret_path(self.data_dir)
         key = self.ops.read_file(path)
-        if key is None or len(key) != 32:
-            self.ops.atomic_write(path, secrets.token_bytes(32))
+        if key is None:
+            self._create_secret(path)
+            key = self.ops.read_file(path)
+        if key is None or len(key) != _SECRET_BYTES:
+            self.ops.atomic_write(path, secrets.token_bytes(_SECRET_BYTES))
             key = self.ops.read_file(path)
         assert key is not None
         return key
+
+    def _create_secret(self, path: str) -> None:
+        # Unique per opener, threads included; ``.tmp-<pid>`` last, as fsck tells live from stale temp files.
+        tmp = f"{path}.{secrets.token_hex(4)}.tmp-{os.getpid()}"
+        fd = self.ops.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        try:
+            try:
+                self.ops.pwrite(fd, secrets.token_bytes(_SECRET_BYTES), 0)
+                self.ops.fsync(fd)
+            finally:
+                self.ops.close(fd)
+            self.ops.link(tmp, path)
+        except FileExistsError:
+            pass  # another opener's key is in place: that one is the data dir's
+        finally:
+            self.ops.unlink(tmp)
+        self.ops.fsync_dir(os.path.dirname(path))
 
     def _manifest(self, site: str) -> SiteManifest:
         with self._guard:

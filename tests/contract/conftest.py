@@ -34,7 +34,8 @@ class Backend:
     # Installs ``now`` (microseconds since the Unix epoch) as the clock behind recorded_at, for this test
     # only; None when the backend cannot (tests that need it are skipped for that backend).
     set_clock: Callable[[Callable[[], int]], None] | None = None
-    # The store's URL (``--store``) for the operator CLI (erasure: tests/contract/test_erasure.py).
+    # The store URL of the same storage (``logstore.core.factory.open_store``): the operator CLI
+    # (tests/contract/test_erasure.py) and other processes (tests/contract/test_cross_process.py).
     url: str | None = None
 
 

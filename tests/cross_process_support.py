@@ -1,0 +1,203 @@
+"""Helpers for the cross-process tests: a store living in another process, and a ``FileOps`` whose log
+fdatasync stalls and then fails.
+
+``RemoteStore(url)`` starts a child (multiprocessing ``spawn``: a fresh interpreter, nothing inherited)
+that opens ``open_store(url)`` and runs each call sent through a pipe; a call returns when the child's
+call returned (so a result in the parent means the child was acknowledged). Errors come back as
+``RemoteError`` with the error's class name, code and ``retryable``.
+
+``StallingSync``: armed, the next ``fdatasync``/``fsync`` of a conversation log (``*.log``) calls
+``stall()`` (which blocks until the test lets go) and then fails with EIO, as a disk that dies under a
+write: the batch is written but never made durable, so no reader may ever see it.
+"""
+
+from __future__ import annotations
+
+import errno
+import multiprocessing
+import os
+import threading
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import Any
+
+from logstore.core.factory import open_store, parse_store_url
+from logstore.file.fileio import FileOps
+
+__all__ = ["RemoteStore", "RemoteError", "StallingSync", "is_log_fd"]
+
+CALL_TIMEOUT = 120.0  # generous: a loaded machine; a hung child fails the test instead of hanging it
+
+
+def is_log_fd(fd: int) -> bool:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}").endswith(".log")
+    except OSError:
+        return False
+
+
+class StallingSync(FileOps):
+    def __init__(self, stall: Callable[[], None]) -> None:
+        self.stall = stall
+        self.armed = False
+        self.stalls = 0
+
+    def _maybe_stall(self, fd: int) -> None:
+        if self.armed and is_log_fd(fd):
+            self.armed = False
+            self.stalls += 1
+            self.stall()
+            raise OSError(errno.EIO, "injected EIO in fdatasync (after a stall)")
+
+    def fdatasync(self, fd: int) -> None:
+        self._maybe_stall(fd)
+        super().fdatasync(fd)
+
+    def fsync(self, fd: int) -> None:
+        self._maybe_stall(fd)
+        super().fsync(fd)
+
+
+class RemoteError(Exception):
+    def __init__(self, name: str, message: str, code: str | None, retryable: bool | None) -> None:
+        super().__init__(f"{name}: {message}")
+        self.name, self.code, self.retryable = name, code, retryable
+
+
+class RemoteStore:
+    """A store in a child process. ``stall=True`` (file URLs only): the child's store uses a
+    ``StallingSync`` reporting on ``control`` ("stalled") and waiting there for "release"; ``arm()``
+    arms it for the next log sync."""
+
+    def __init__(self, url: str, *, lock_timeout: float = 5.0, stall: bool = False) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self.control: Connection | None = None
+        child_control = None
+        if stall:
+            self.control, child_control = ctx.Pipe()
+        self._lock = threading.Lock()
+        self.proc = ctx.Process(target=_serve, args=(url, child, lock_timeout, child_control), daemon=True)
+        self.proc.start()
+        child.close()
+        if child_control is not None:
+            child_control.close()
+        self.pid = self._call("pid")
+
+    def _call(self, name: str, *args: Any) -> Any:
+        with self._lock:
+            self._conn.send((name, args))
+            if not self._conn.poll(CALL_TIMEOUT):
+                raise TimeoutError(f"remote {name} did not return in {CALL_TIMEOUT} s")
+            ok, value = self._conn.recv()
+        if ok:
+            return value
+        raise RemoteError(*value)
+
+    def append(self, site: str, conversation_id: str, items: list[dict[str, Any]]) -> Any:
+        return self._call("append", site, conversation_id, items)
+
+    def replay(self, site: str, conversation_id: str, offset: int = 0, limit: int = 1000) -> Any:
+        return self._call("replay", site, conversation_id, offset, limit)
+
+    def recall(self, site: str, conversation_id: str, count: int = 20) -> Any:
+        return self._call("recall", site, conversation_id, count)
+
+    def list_conversations(self, site: str, cursor: str | None = None, limit: int = 20) -> Any:
+        return self._call("list_conversations", site, cursor, limit)
+
+    def arm(self) -> None:
+        self._call("arm")
+
+    def close(self) -> None:
+        if self.proc.exitcode is None:
+            try:
+                self._call("close")
+            finally:
+                self.proc.join(30)
+                if self.proc.exitcode is None:
+                    self.proc.kill()
+                    self.proc.join()
+        self._conn.close()
+        if self.control is not None:
+            self.control.close()
+
+    def __enter__(self) -> RemoteStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _serve(url: str, conn: Connection, lock_timeout: float, control: Connection | None) -> None:
+    ops: StallingSync | None = None
+    if control is not None:
+        from logstore import Store
+
+        def stall() -> None:
+            assert control is not None
+            control.send("stalled")
+            if not control.poll(CALL_TIMEOUT) or control.recv() != "release":
+                raise OSError(errno.EIO, "no release")
+
+        scheme, path = parse_store_url(url)
+        assert scheme == "file", url
+        ops = StallingSync(stall)
+        store: Any = Store(path, lock_timeout=lock_timeout, file_ops=ops)
+    else:
+        store = open_store(url, lock_timeout=lock_timeout)
+    try:
+        while True:
+            name, args = conn.recv()
+            try:
+                if name == "pid":
+                    value: Any = os.getpid()
+                elif name == "arm":
+                    assert ops is not None
+                    ops.armed, value = True, None
+                else:
+                    value = getattr(store, name)(*args)
+            except Exception as exc:
+                conn.send(
+                    (
+                        False,
+                        (
+                            type(exc).__name__,
+                            str(exc),
+                            getattr(exc, "code", None),
+                            getattr(exc, "retryable", None),
+                        ),
+                    )
+                )
+            else:
+                conn.send((True, value))
+            if name == "close":
+                return
+    finally:
+        store.close()
+
+
+# --------------------------------------------------------------------------- opening a new data dir at once
+def cursor_worker(index: int, conn: Connection, barrier: Any) -> None:
+    """One of N processes that, per trial, open a fresh data dir together (``("open", path)``), append to a
+    conversation of their own, list one page and report its cursor; then check the cursor handed to
+    them (``("use", cursor)``) and report ``None`` or the error's name."""
+    from logstore import LogstoreError, Store
+
+    while True:
+        message = conn.recv()
+        if message[0] == "stop":
+            return
+        _, path = message
+        barrier.wait(CALL_TIMEOUT)  # every opener starts at the same moment
+        with Store(path) as store:
+            store.append("site-a", f"conv-opener-{index}", [{"by": index}])
+            barrier.wait(CALL_TIMEOUT)  # every conversation exists: each first page has a cursor
+            cursor = store.list_conversations("site-a", None, 1).next_cursor
+            conn.send(cursor)
+            _, handed = conn.recv()
+            try:
+                page = store.list_conversations("site-a", handed, 1)
+                conn.send(None if len(page.conversations) == 1 else f"page of {len(page.conversations)}")
+            except LogstoreError as exc:
+                conn.send(type(exc).__name__)
