@@ -90,17 +90,7 @@ class ConversationLog(LogHandle):
         file lock is free at once, recovery under it takes them in (so the listing and every later read
         agree); if a live writer holds it, that writer records its own commit."""
         self._ensure_fresh()
-        with self._commit_lock:
-            if self._closed:
-                raise Unavailable("store is closed")
-            try:
-                self._file_lock.acquire(0.0)
-                with self._io_lock:
-                    self._refresh_locked_io()
-            except Timeout:
-                pass
-            finally:
-                self._file_lock.release()
+        self._settle_if_free()
         state = self._state
         if state.created_at is None or state.last_at is None:
             return None
@@ -175,9 +165,30 @@ class ConversationLog(LogHandle):
             elif self._log_fd is None and not self.ops.exists(self.paths.log):
                 return  # still no log
         with self._io_lock:  # ``with``, not acquire(): an interrupt cannot land between take and try
-            if self._refresh_unlocked_io():
-                return
-        self._refresh_under_lock()
+            fresh = self._refresh_unlocked_io()
+            leftovers, self._leftovers = self._leftovers, False
+        if not fresh:
+            self._refresh_under_lock()
+        elif leftovers:
+            self._settle_if_free()
+
+    def _settle_if_free(self) -> None:
+        """Recovery under the file lock if it is free at once: a load found bytes past the commit point
+        (``_leftovers``), which with the lock free can only be a dead writer's frames, maybe durable, never
+        acknowledged. Taking them in now (``_load_locked_io`` fdatasyncs them and moves the record) makes
+        this first read agree with the next append, which would take them in anyway. A busy lock is a live
+        writer mid-commit: its frames are its own to record."""
+        with self._commit_lock:
+            if self._closed:
+                raise Unavailable("store is closed")
+            try:
+                self._file_lock.acquire(0.0)
+                with self._io_lock:
+                    self._refresh_locked_io()
+            except Timeout:
+                pass
+            finally:
+                self._file_lock.release()
 
     def _refresh_unlocked_io(self) -> bool:
         """Take in what the commit point vouches for. False if only recovery under the file lock can tell.
