@@ -106,8 +106,12 @@ def test_follower_interrupted_while_parked_leaves_the_queue_working(tmp_path):
 
 _CHILD = textwrap.dedent(
     """
-    import sys, threading, time
+    import signal, sys, threading, time
     from logstore import Store
+
+    # Python's own Ctrl-C handler, whatever the parent left: a shell's background job (nohup, `&`) starts
+    # with SIGINT ignored, and then every child ignored its SIGINT (CI run by hand in the background).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     store = Store(sys.argv[1], lock_timeout=30.0)  # a leaked lock fails the append after the interrupt
     stop = False

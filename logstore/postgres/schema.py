@@ -167,8 +167,9 @@ def startup_check(conninfo: str) -> None:
     this code's version. Every failure is one ``StartupRefused`` line saying what to do (never a
     traceback: issue 22 §2)."""
     try:
-        with psycopg.connect(conninfo, autocommit=True, connect_timeout=15) as conn:
+        # logstore's own URL parameters (call_timeout...) out, the client-side bounds in (settings.py).
+        with psycopg.connect(libpq_conninfo(conninfo), autocommit=True) as conn:
             check_schema(conn)
-    except psycopg.Error as exc:
+    except (psycopg.Error, ValueError) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise StartupRefused(f"cannot use the database: {first}") from None
