@@ -177,8 +177,11 @@ class ConversationLog(LogHandle):
         (``_leftovers``), which with the lock free can only be a dead writer's frames, maybe durable, never
         acknowledged. Taking them in now (``_load_locked_io`` fdatasyncs them and moves the record) makes
         this first read agree with the next append, which would take them in anyway. A busy lock is a live
-        writer mid-commit: its frames are its own to record."""
-        with self._commit_lock:
+        writer mid-commit: its frames are its own to record. A local commit in flight (``_commit_lock``
+        taken: it may be waiting for the flock) takes them in itself: a reader never waits behind it."""
+        if self._commit_lock.locked():
+            return
+        with self._commit_lock:  # ``with``: an interrupt cannot land between take and try
             if self._closed:
                 raise Unavailable("store is closed")
             try:
