@@ -23,7 +23,6 @@ __all__ = [
     "PASSWORD",
     "add_site",
     "batch_for",
-    "wait_until",
 ]
 
 SITE, PASSWORD = "agent", "agent-password"
@@ -102,15 +101,6 @@ def batch_for(conversation_id: str, i: int) -> list[dict]:
         {"conversation": conversation_id, "batch": i, "item": j, "text": "x" * (20 * j)}
         for j in range(1 + i % 3)
     ]
-
-
-def wait_until(condition, timeout: float = 60.0, what: str = "condition") -> None:
-    """Wait for an event we cannot be told about (the deadline is generous: a guard, not the point)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} not reached in {timeout} s")
-        time.sleep(0.005)
 
 
 @contextlib.contextmanager

@@ -299,11 +299,6 @@ class FaultFS(FileOps):
             self._begin("size")
         return super().size(fd)
 
-    def linked_size(self, fd: int) -> int | None:
-        with self._mutex:
-            self._begin("size")
-        return super().linked_size(fd)
-
     def size_if_named(self, fd: int, path: str, file_id: tuple[int, int, int] | None = None) -> int | None:
         with self._mutex:
             self._begin("size")

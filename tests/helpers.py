@@ -1,14 +1,16 @@
 """Helpers shared by the tests (one home each): reading a log's frames, the long-mode switch, the MCP
-``initialize`` request body."""
+``initialize`` request body, waiting for an event no one can signal."""
 
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
 from typing import Any
 
 from logstore.file.frame import Frame, FrameDecoder
 
-__all__ = ["LONG", "log_frames", "frames_in", "initialize_body"]
+__all__ = ["LONG", "log_frames", "frames_in", "initialize_body", "wait_until"]
 
 # LOGSTORE_LONG=1 enables the long torture/soak modes (marker ``slow``).
 LONG = os.environ.get("LOGSTORE_LONG") == "1"
@@ -44,3 +46,15 @@ def initialize_body(
             "clientInfo": {"name": client, "version": "0"},
         },
     }
+
+
+def wait_until(
+    condition: Callable[[], object], *, timeout: float, what: str = "the awaited event", poll: float = 0.01
+) -> None:
+    """Poll ``condition`` until it holds: for events no one can signal (another process's progress). The
+    deadline is a guard against a hang, never the point of a test: give a generous one."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not reached in {timeout} s")
+        time.sleep(poll)

@@ -8,7 +8,6 @@ import io
 import os
 import shutil
 import threading
-import time
 
 from logstore import Store
 from logstore.core.errors import InvalidArgument
@@ -19,6 +18,7 @@ from logstore.fsck.backup import backup, restore
 from logstore.fsck.check import check
 from logstore.fsck.logdump import export_items
 from tests.faultfs import NO_SYNC_OPS, materialize, scratch_dir
+from tests.helpers import wait_until
 from tests.test_erasure import crash_images
 from tests.test_server_cli import logstore
 
@@ -69,10 +69,7 @@ LONG_WAIT = 300.0  # seconds: bounds a wait that only a hang would reach
 
 
 def wait_for(predicate, timeout: float = LONG_WAIT) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "writers made no progress"
-        time.sleep(0.01)
+    wait_until(predicate, timeout=timeout, what="writers made no progress")
 
 
 def assert_backup_holds(src: str, dst: str, acked_before: dict[str, int]) -> None:

@@ -36,7 +36,6 @@ def test_one_request_encodes_as_the_first_of_a_group(last_at, version):
     n = len(one.data)
     assert one.data == group.data[:n]
     assert one.end == 1234 + n and one.next_seq == 10 and one.write_start == 1234
-    assert one.tail_offset == 1234 and one.tail_sig == group.data[:8]
     assert one.entries == group.entries[: len(one.entries)] and len(one.entries) * 2 == len(group.entries)
     assert one.first_at == one.last_at == group.first_at == (10 if last_at is None else max(10, last_at))
     assert [seq for _, seq in one.accepted] == [7]
@@ -75,8 +74,6 @@ _SET_BY_COMMIT = {
     "next_seq",
     "created_at",
     "last_at",
-    "tail_offset",
-    "tail_sig",
     "size",
     "point",
 }
@@ -101,8 +98,6 @@ def test_write_group_carries_every_field_it_does_not_set():
         next_seq=10,
         created_at=3,
         last_at=20,
-        tail_offset=500,
-        tail_sig=encoded.tail_sig,
         size=100_000,
         point=b"",
     )

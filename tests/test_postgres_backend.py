@@ -30,6 +30,7 @@ from logstore.core.models import SeqRange, datetime_to_micros
 from logstore.postgres import PostgresStore, StartupRefused, migrate
 from logstore.postgres.pgerrors import is_stale_connection, translate
 from logstore.postgres.schema import SCHEMA_VERSION
+from tests.helpers import wait_until
 from tests.postgres_support import fresh_url
 
 SITE, CID = "acme", "conv-0001"
@@ -293,13 +294,6 @@ def _hammer(stores, conversations, *, writers, seconds, max_batches, stop=None):
     return threads, acked, errors, unexpected
 
 
-def _wait_until(predicate, timeout: float = 300.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "the awaited event did not come"
-        time.sleep(0.05)
-
-
 def _check_gapless_and_acked(store, conversations, acked):
     by_id = {}
     for cid in conversations:
@@ -367,12 +361,16 @@ def test_fast_shutdown_mid_load_is_unavailable_then_recovers_losing_nothing(post
         threads, acked, errors, unexpected = _hammer(
             stores, conversations, writers=6, seconds=600, max_batches=10_000, stop=stop
         )
-        _wait_until(lambda: len(acked) >= 20 or unexpected)  # the writers are under way
+        wait_until(
+            lambda: len(acked) >= 20 or unexpected, timeout=300.0, poll=0.05, what="the writers under way"
+        )
         postgres_server.stop("fast")
-        _wait_until(lambda: len(errors) >= 6 or unexpected)  # the writers saw the outage
+        wait_until(lambda: len(errors) >= 6 or unexpected, timeout=300.0, poll=0.05, what="the outage seen")
         before, down_errors = len(acked), len(errors)
         postgres_server.start()
-        _wait_until(lambda: len(acked) >= before + 100 or unexpected)
+        wait_until(
+            lambda: len(acked) >= before + 100 or unexpected, timeout=300.0, poll=0.05, what="recovery"
+        )
         stop.set()
         for t in threads:
             t.join()

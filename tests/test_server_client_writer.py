@@ -12,7 +12,8 @@ import pytest
 
 from logstore.client import Disposition, WriterOptions
 from logstore.core import errors
-from tests.client_support import REPO, Restartable, add_site, batch_for, stored_payloads, wait_until
+from tests.client_support import REPO, Restartable, add_site, batch_for, stored_payloads
+from tests.helpers import wait_until
 from tests.server_support import free_port
 
 CONVERSATIONS, BATCHES, KILLS = 10, 1000, 5
@@ -66,6 +67,8 @@ def test_kill9_restarts_store_every_batch_once_in_order(server):
                     lambda d=done: (
                         writer.stats.stored + writer.stats.found_stored >= d + 20 or not writer.pending
                     ),
+                    timeout=60.0,
+                    poll=0.005,
                     what="writer progress",
                 )
                 server.kill()  # mid-stream: appends in flight
@@ -183,7 +186,12 @@ def test_spool_survives_kill9_of_the_agent(tmp_path, server_up):
         agent = _agent(server.url if server_up else f"http://127.0.0.1:{free_port()}/mcp", spool, cid, count)
         if server_up:  # kill -9 mid-stream: once the first batches are stored
             with server.client() as probe:
-                wait_until(lambda: probe.recall(cid, 1), what="the agent's first batch stored")
+                wait_until(
+                    lambda: probe.recall(cid, 1),
+                    timeout=60.0,
+                    poll=0.005,
+                    what="the agent's first batch stored",
+                )
         agent.kill()  # kill -9, after append_nowait returned for every batch
         agent.wait()
         if not server_up:

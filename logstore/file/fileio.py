@@ -80,13 +80,6 @@ class FileOps:
     def size(self, fd: int) -> int:
         return fstat_ident(fd).size
 
-    def linked_size(self, fd: int) -> int | None:
-        """``size(fd)``, or None once the file has no name left (unlinked, e.g. erased): the same one
-        ``fstat``, so a read path can notice an erasure for free. A hard link elsewhere keeps it named;
-        ``same_file`` is the exact test (two syscalls)."""
-        st = fstat_ident(fd)
-        return st.size if st.nlink else None
-
     # --- durability --------------------------------------------------------------------------------
     def fdatasync(self, fd: int) -> None:
         os.fdatasync(fd)

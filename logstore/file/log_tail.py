@@ -8,8 +8,8 @@ writes into allocated, written, synced blocks: no inode change, so its ``fdatasy
 commit. Chunks start at 64 KiB and double with each growth of an open handle up to 4 MiB (a busy
 conversation grows fast, an idle one stays small); a clean close or an eviction trims the unused tail
 (``trim``), so 1M idle conversations cost no chunks and a crash leaves at most one per conversation.
-``probe_tail`` is the cheap check that nothing was appended behind our back: the size did not change
-and no frame starts at our end (zeros there).
+``nothing_after`` is the check that no frame starts at our end (zeros there): what other processes
+committed, the commit point says (``commit_point``); bytes past it are a writer's that died.
 
 Cutting, in three cases, all decided by the conversation under its I/O lock and the cross-process
 file lock, and all only ever *remove* unacknowledged bytes:
@@ -23,19 +23,14 @@ file lock, and all only ever *remove* unacknowledged bytes:
 from __future__ import annotations
 
 import logging
-from typing import NamedTuple
 
 from .fileio import FileOps
 from .frame import PREFIX_SIZE, Frame
-from .recovery import LogState
 from .scanner import read_frame_at
 
 __all__ = [
     "FIRST_CHUNK",
     "MAX_CHUNK",
-    "TailProbe",
-    "probe_tail",
-    "unchanged",
     "nothing_after",
     "next_chunk",
     "UNPREALLOCATED_WRITE",
@@ -56,38 +51,15 @@ MAX_CHUNK = 4 * 1024 * 1024
 # instead of 32 KiB (docs/PERFORMANCE.md). The format allows both (no zeros = a clean end).
 UNPREALLOCATED_WRITE = 64 * 1024
 _PAGE = 4096
-_ONE_READ = 64 * 1024  # the tail frame and the next header in one pread when the frame is smaller
-
-
-class TailProbe(NamedTuple):  # immutable; a NamedTuple is cheaper to build (one per append)
-    signature: bytes | None  # magic + CRC bytes found at the state's tail offset (None: no frame yet)
-    idle: bool  # no frame starts at the state's end (zeros there, or the file ends there)
 
 
 def _zero(data: bytes) -> bool:
     return data.count(0) == len(data)
 
 
-def unchanged(state: LogState, size: int, probe: TailProbe | None) -> bool:
-    """Nothing new since ``state``: same size, no frame at its end, no torn tail to re-judge."""
-    return size == state.size and probe is not None and probe.idle and state.torn_at is None
-
-
 def nothing_after(ops: FileOps, fd: int, end: int) -> bool:
     """No frame starts at ``end``: its header bytes are zero (a v2 log's unused tail) or absent."""
     return _zero(ops.pread(fd, PREFIX_SIZE, end))
-
-
-def probe_tail(ops: FileOps, fd: int, state: LogState, size: int) -> TailProbe:
-    """The tail check in one pread where it fits: the last frame's signature and the header at the end."""
-    more = size > state.end
-    if state.tail_offset is None:
-        return TailProbe(None, not more or nothing_after(ops, fd, state.end))
-    span = state.end - state.tail_offset
-    if more and span <= _ONE_READ:
-        buf = ops.pread(fd, span + PREFIX_SIZE, state.tail_offset)
-        return TailProbe(buf[:8], _zero(buf[span:]))
-    return TailProbe(ops.pread(fd, 8, state.tail_offset), not more or nothing_after(ops, fd, state.end))
 
 
 def next_chunk(previous: int) -> int:

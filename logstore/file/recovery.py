@@ -173,8 +173,6 @@ class LogState:
     next_seq: int = 0
     created_at: int | None = None  # recorded_at of frame 0
     last_at: int | None = None  # max recorded_at so far
-    tail_offset: int | None = None  # offset of the last good frame
-    tail_sig: bytes | None = None  # its magic + CRC bytes (the cheap "still there" check), if known
     corrupt: tuple[int, str] | None = None  # (offset, reason): appends refused, reads stop there
     torn_at: int | None = None  # a torn tail starts here (truncated by the next locked refresh)
     version: int = FORMAT_VERSION  # of the last good frame: what the log is appended in (v1 stays v1)
@@ -198,7 +196,6 @@ def recovered_state(recovered: Recovered, entries: bytearray) -> LogState:
         end=anchor.frame.end,
         next_seq=anchor.next_seq,
         last_at=anchor.frame.recorded_at,
-        tail_offset=anchor.frame.offset,
         version=anchor.frame.version,
     )
     return absorb(state, recovered.scan, recovered.verdict)
@@ -208,18 +205,12 @@ def absorb(state: LogState, scan: ScanResult, verdict: Verdict) -> LogState:
     """``state`` followed by a scan's frames (scanned from ``state.end``) and its verdict."""
     entries = state.entries
     del entries[state.frames * ENTRY_SIZE :]  # never more than the state owns (defensive: a no-op)
-    frames, end, next_seq, last_at, tail = (
-        state.frames,
-        state.end,
-        state.next_seq,
-        state.last_at,
-        state.tail_offset,
-    )
+    frames, end, next_seq, last_at = state.frames, state.end, state.next_seq, state.last_at
     version = state.version
     for meta in scan.frames:
         entries += encode_entry(meta.offset, meta.first_seq)
         frames += 1
-        end, next_seq, tail, version = meta.end, meta.first_seq + meta.count, meta.offset, meta.version
+        end, next_seq, version = meta.end, meta.first_seq + meta.count, meta.version
         last_at = meta.recorded_at if last_at is None else max(meta.recorded_at, last_at)
     corrupt, torn_at = state.corrupt, state.torn_at
     if verdict.state is ScanState.CORRUPT:
@@ -233,8 +224,6 @@ def absorb(state: LogState, scan: ScanResult, verdict: Verdict) -> LogState:
         end=end,
         next_seq=next_seq,
         last_at=last_at,
-        tail_offset=tail,
-        tail_sig=state.tail_sig if tail == state.tail_offset else None,
         corrupt=corrupt,
         torn_at=torn_at,
         version=version,
