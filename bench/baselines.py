@@ -1,7 +1,7 @@
 """Same-run baselines: the raw ``write + fdatasync`` ceiling and SQLite (WAL, ``synchronous=FULL``).
 
 - Raw ceiling: each thread owns one file and loops ``os.write(frame) ; os.fdatasync``, where ``frame`` is
-  byte for byte what the engine would write for the batch (``file.frame.encode_frame``). Nothing else:
+  byte for byte what the engine would write for the batch (``file.log.frame.encode_frame``). Nothing else:
   no locks, no encoding, no index. One thread = the single-writer ceiling; N threads on N files = the
   ceiling for N independent conversations.
 - Preallocated: one thread loops ``os.pwrite(frame) ; os.fdatasync`` into a file that was zero-filled and
@@ -25,7 +25,7 @@ from typing import Any
 import msgspec
 
 from logstore.core.batch import prepare_batch
-from logstore.file.frame import encode_frame, encode_items
+from logstore.file.log.frame import encode_frame, encode_items
 
 from .stats import run_threads
 

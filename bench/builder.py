@@ -7,7 +7,7 @@ rebuilding the bench data):
 
     sites/<site>/conversations/<h1>/<h2>/<cid>.log   two frames (frame.encode_frame / encode_items)
     sites/<site>/conversations/<h1>/<h2>/<cid>.idx   index header + an entry per frame (optional)
-    sites/<site>/manifest/snapshot.1                 every record (manifest_codec.encode_snapshot)
+    sites/<site>/manifest/snapshot.1                 every record (manifest.codec.encode_snapshot)
 
 The manifest records carry each log's exact size, so opening the store finds nothing to reconcile; the
 measuring side checks that (no journal appears) and reads a few conversations back through ``Store``.
@@ -26,11 +26,11 @@ from dataclasses import dataclass
 import msgspec
 
 from logstore.file import layout
-from logstore.file.frame import encode_frame, encode_items
-from logstore.file.index_codec import INDEX_HEADER, encode_entry
 from logstore.file.layout import conversation_paths
-from logstore.file.manifest_codec import Entry
-from logstore.file.manifest_snapshot import encode_snapshot
+from logstore.file.log.frame import encode_frame, encode_items
+from logstore.file.log.index_codec import INDEX_HEADER, encode_entry
+from logstore.file.manifest.codec import Entry
+from logstore.file.manifest.snapshot import encode_snapshot
 
 __all__ = ["BuildInfo", "build_site", "conversation_id", "conversation_times", "expected_payloads"]
 

@@ -58,7 +58,7 @@ def rewrite_frame(
 ) -> None:
     """Re-encode the frame at ``offset`` with a changed header field and a *valid* CRC: damage that only
     logic (seq continuity, timestamp order) can catch. Sizes are unchanged, so later frames stay put."""
-    from logstore.file.frame import HEADER_SIZE, Frame, decode_frame, encode_frame
+    from logstore.file.log.frame import HEADER_SIZE, Frame, decode_frame, encode_frame
 
     with open(path, "r+b") as f:
         f.seek(offset)

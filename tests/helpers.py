@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from logstore.file.frame import Frame, FrameDecoder
+from logstore.file.log.frame import Frame, FrameDecoder
 
 __all__ = ["LONG", "log_frames", "frames_in", "initialize_body", "wait_until"]
 

@@ -162,3 +162,43 @@ def test_no_oversized_modules() -> None:
         if lines > OVERSIZED.get(rel, MAX_LINES):
             too_big[rel] = lines
     assert too_big == {}
+
+
+# The file engine's layers (logstore/file/__init__.py and its sub-packages' docstrings): base modules,
+# then the log, then the listing index, then what is built on both. Nothing imports a layer above its own.
+_FILE_BASE = {f"logstore.file.{m}" for m in ("layout", "fileio", "statx", "locking", "boot")}
+_FILE_LAYERS = (
+    ("logstore.file.log", ("logstore.file.manifest",)),
+    ("logstore.file.manifest", ()),
+)
+_FILE_TOP = {f"logstore.file.{m}" for m in ("store", "erasure", "credentials", "store_id")}
+
+
+def _file_layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for name, deps in graph.items():
+        if name in _FILE_BASE:
+            above = [d for d in deps if d.startswith(("logstore.file.log", "logstore.file.manifest"))]
+            above += [d for d in deps if d in _FILE_TOP]
+            bad += [f"{name} -> {d}" for d in above]
+        for layer, forbidden in _FILE_LAYERS:
+            if name == layer or name.startswith(layer + "."):
+                above = [d for d in deps if d.startswith(forbidden) or d in _FILE_TOP]
+                bad += [f"{name} -> {d}" for d in above]
+    return sorted(bad)
+
+
+def test_file_engine_layers() -> None:
+    assert _file_layer_violations(_graph()) == []
+
+
+def test_file_layer_check_sees_an_upward_import() -> None:
+    graph = {
+        "logstore.file.log.conversation": {"logstore.file.manifest.site"},
+        "logstore.file.fileio": {"logstore.file.store"},
+        "logstore.file.manifest.site": {"logstore.file.log.conversation"},
+    }
+    assert _file_layer_violations(graph) == [
+        "logstore.file.fileio -> logstore.file.store",
+        "logstore.file.log.conversation -> logstore.file.manifest.site",
+    ]

@@ -16,10 +16,10 @@ import pytest
 
 from logstore import Corrupted, InvalidArgument, Store
 from logstore.core.models import MemoryItem
-from logstore.file.frame import Frame, encode_frame, encode_items
-from logstore.file.index_codec import encode_entry
 from logstore.file.layout import conversation_paths
-from logstore.file.manifest_codec import decode_records, encode_record, record_offsets
+from logstore.file.log.frame import Frame, encode_frame, encode_items
+from logstore.file.log.index_codec import encode_entry
+from logstore.file.manifest.codec import decode_records, encode_record, record_offsets
 from logstore.fsck import check_index
 from logstore.fsck.check import check
 from tests.corruption import append_garbage, flip_byte, rewrite_frame, truncate, write_at, zero_range

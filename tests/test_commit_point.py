@@ -1,4 +1,4 @@
-"""The commit point (logstore/file/commit_point.py): what readers of every process trust (issue 20).
+"""The commit point (logstore/file/log/commit_point.py): what readers of every process trust (issue 20).
 
 A writer stores the durable end of a conversation's log in its ``.lock`` file after each ``fdatasync``
 and before it acknowledges; readers ``pread`` it and serve frames up to it only. These are the
@@ -22,13 +22,14 @@ import pytest
 
 from logstore import Store
 from logstore.core.errors import Corrupted, Io
-from logstore.file import boot, commit_point
-from logstore.file.commit_point import NO_RECORD, RECORD_SIZE, CommitPoint, decode, encode
+from logstore.file import boot
 from logstore.file.erasure import erase_conversation
 from logstore.file.fileio import OS_FILE_OPS, FileOps
 from logstore.file.layout import conversation_paths
 from logstore.file.locking import PathLock
-from logstore.file.scanner import scan_log
+from logstore.file.log import commit_point
+from logstore.file.log.commit_point import NO_RECORD, RECORD_SIZE, CommitPoint, decode, encode
+from logstore.file.log.scanner import scan_log
 from logstore.fsck.check import check
 from tests.faultfs import simulate_reboot
 

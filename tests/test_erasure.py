@@ -16,7 +16,7 @@ import pytest
 from logstore import Store
 from logstore.file.credentials import CredentialsFile
 from logstore.file.erasure import erase_conversation, purge_site
-from logstore.file.manifest_codec import ERASED
+from logstore.file.manifest.codec import ERASED
 from logstore.fsck.check import check
 from tests.faultfs import NO_SYNC_OPS, FaultFS, materialize, scratch_dir
 from tests.server_support import REPO, call, connect, serve
@@ -64,7 +64,7 @@ def test_erase_removes_files_and_listing_and_the_id_starts_afresh(tmp_path):
 
 
 def test_erasure_record_is_the_merge_exception():
-    from logstore.file.manifest_codec import Entry, erased_entry, merge_record
+    from logstore.file.manifest.codec import Entry, erased_entry, merge_record
 
     entries = {X: Entry(1, 5, 100, 7)}
     assert merge_record(entries, X, Entry(-1, -1, 0, 0)) == (False, entries[X])  # lower: ignored

@@ -9,7 +9,7 @@ from crc32c import crc32c
 from hypothesis import given
 from hypothesis import strategies as st
 
-from logstore.file.frame import (
+from logstore.file.log.frame import (
     HEADER_SIZE,
     MAGIC,
     MAX_FRAME_SIZE,

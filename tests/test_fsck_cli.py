@@ -15,8 +15,8 @@ import pytest
 from logstore import Store
 from logstore.core.models import rfc3339
 from logstore.file.fileio import OS_FILE_OPS
-from logstore.file.frame import Frame
 from logstore.file.layout import conversation_paths
+from logstore.file.log.frame import Frame
 from logstore.fsck.check import check
 from logstore.fsck.logdump import export_items
 from tests.corruption import append_garbage, flip_byte, truncate

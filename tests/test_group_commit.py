@@ -10,7 +10,7 @@ import pytest
 
 from logstore.core.errors import Io
 from logstore.core.models import SeqRange
-from logstore.file.group_commit import AppendRequest, GroupCommit
+from logstore.file.log.group_commit import AppendRequest, GroupCommit
 
 
 class FakeLog:

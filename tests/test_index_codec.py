@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from logstore.file.index_codec import (
+from logstore.file.log.index_codec import (
     ENTRY_SIZE,
     INDEX_HEADER,
     INDEX_HEADER_SIZE,

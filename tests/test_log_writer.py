@@ -13,11 +13,11 @@ import pytest
 from logstore.core.errors import ConversationFull
 from logstore.core.limits import MAX_CONVERSATION_ITEMS
 from logstore.file.fileio import FileOps
-from logstore.file.group_commit import AppendRequest
-from logstore.file.index_codec import encode_entry
-from logstore.file.log_writer import encode_group, write_group
-from logstore.file.recovery import LogState
-from logstore.file.seq_index import LAG_BYTES, LAG_FRAMES, SidecarIndex
+from logstore.file.log.group_commit import AppendRequest
+from logstore.file.log.index_codec import encode_entry
+from logstore.file.log.recovery import LogState
+from logstore.file.log.seq_index import LAG_BYTES, LAG_FRAMES, SidecarIndex
+from logstore.file.log.writer import encode_group, write_group
 
 ITEMS = b'{"k":1,"text":"' + b"x" * 180 + b'"}'
 

@@ -19,12 +19,12 @@ import time
 import pytest
 from crc32c import crc32c
 
-import logstore.file.manifest as manifest_mod
+import logstore.file.manifest.site as manifest_mod
 from logstore import Store
-from logstore.file import manifest_reconcile
 from logstore.file.fileio import FileOps
-from logstore.file.frame import PREFIX_SIZE
-from logstore.file.manifest_codec import (
+from logstore.file.log.frame import PREFIX_SIZE
+from logstore.file.manifest import reconcile as manifest_reconcile
+from logstore.file.manifest.codec import (
     MARK_CLOSE,
     MARK_OPEN,
     Entry,
@@ -33,7 +33,7 @@ from logstore.file.manifest_codec import (
     encode_mark,
     encode_record,
 )
-from logstore.file.manifest_snapshot import MAGIC_V1, MAGIC_V2
+from logstore.file.manifest.snapshot import MAGIC_V1, MAGIC_V2
 from logstore.fsck.check import check
 from tests.contract.support import all_pages, expected_order
 from tests.corruption import flip_byte, truncate
@@ -228,7 +228,7 @@ CRASHER = textwrap.dedent(
     """
     import os, signal, sys
     from logstore import Store
-    from logstore.file.manifest import SiteManifest
+    from logstore.file.manifest.site import SiteManifest
     s = Store(sys.argv[1])
     s.append("site-a", "conv-acked", [{"n": 1}])
     # The kill lands between a commit's fdatasync and its journal record: durable, never acknowledged.

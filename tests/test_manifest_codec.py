@@ -10,7 +10,7 @@ import struct
 import pytest
 from crc32c import crc32c
 
-from logstore.file.manifest_codec import (
+from logstore.file.manifest.codec import (
     MARK_CLOSE,
     MARK_OPEN,
     Entry,
@@ -21,8 +21,8 @@ from logstore.file.manifest_codec import (
     erased_entry,
     first_gap,
 )
-from logstore.file.manifest_snapshot import MAGIC_V1, decode_snapshot, encode_snapshot, listing_key
-from logstore.file.manifest_table import ManifestTable
+from logstore.file.manifest.snapshot import MAGIC_V1, decode_snapshot, encode_snapshot, listing_key
+from logstore.file.manifest.table import ManifestTable
 
 SESSION = Session(b"\x01" * 16, 4242, 987654, 2**63 + 5)
 
@@ -135,7 +135,7 @@ def test_table_listing_equals_a_sorted_model_under_updates_erasures_and_new_ids(
 
 
 def _merged_model(current: Entry | None, record: Entry) -> Entry | None:
-    """The merge rule written out again, independently of manifest_codec.merged."""
+    """The merge rule written out again, independently of manifest.codec.merged."""
     if record.created_at == -2:
         return None
     if current is None:

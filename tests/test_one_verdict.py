@@ -1,5 +1,5 @@
 """Engine, fsck and export give the same verdict on every damaged log of the corruption matrix: all three
-use ``logstore.file.recovery`` (issue 11: the acknowledged-end rule exists once).
+use ``logstore.file.log.recovery`` (issue 11: the acknowledged-end rule exists once).
 
 A verdict is ("ok", items readable) or ("corrupt", byte offset). The engine's is what a fresh Store serves
 (a full replay), export's what ``export_items`` writes or raises, fsck's the findings of a check without

@@ -18,7 +18,7 @@ import time
 import pytest
 
 from logstore import Store
-from logstore.file.manifest_codec import Entry
+from logstore.file.manifest.codec import Entry
 from logstore.fsck.check_manifest import describe_mismatch
 from tests.server_support import REPO, free_port
 from tests.test_server_cli import logstore

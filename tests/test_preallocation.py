@@ -9,7 +9,7 @@ import shutil
 
 from logstore import Store
 from logstore.file.layout import conversation_paths
-from logstore.file.log_tail import FIRST_CHUNK, MAX_CHUNK, UNPREALLOCATED_WRITE
+from logstore.file.log.tail import FIRST_CHUNK, MAX_CHUNK, UNPREALLOCATED_WRITE
 from tests.helpers import log_frames
 
 SITE = "site-a"

@@ -27,11 +27,11 @@ import pytest
 from logstore import Store
 from logstore.core import observe
 from logstore.core.errors import Unavailable
-from logstore.file.commit_point import invalidate
 from logstore.file.fileio import FileOps
-from logstore.file.group_commit import ReaderGuard
 from logstore.file.layout import conversation_paths
-from logstore.file.manifest import SiteManifest
+from logstore.file.log.commit_point import invalidate
+from logstore.file.log.group_commit import ReaderGuard
+from logstore.file.manifest.site import SiteManifest
 from tests.faultfs import FaultFS, materialize
 
 SITE, CID = "site-a", "shared-conv-01"

@@ -8,9 +8,9 @@ import os
 import pytest
 
 from logstore import Corrupted, Store
-from logstore.file.frame import encode_frame, encode_items
-from logstore.file.index_codec import ENTRY_SIZE, INDEX_HEADER_SIZE
 from logstore.file.layout import conversation_paths
+from logstore.file.log.frame import encode_frame, encode_items
+from logstore.file.log.index_codec import ENTRY_SIZE, INDEX_HEADER_SIZE
 from tests.corruption import append_garbage, flip_byte, truncate, write_at, zero_range
 from tests.helpers import log_frames
 
@@ -164,7 +164,7 @@ def test_damaged_or_stale_index_is_rebuilt_from_the_log(data_dir, damage):
 
 def test_index_entry_pointing_mid_frame_is_never_served(data_dir):
     log, idx, items = build(data_dir, batches=6)
-    from logstore.file.index_codec import encode_entry
+    from logstore.file.log.index_codec import encode_entry
 
     frames = log_frames(log)
     # A *checked* but wrong entry (as if written by a buggy writer): it must be caught against the log.

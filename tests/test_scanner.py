@@ -7,8 +7,8 @@ import os
 import pytest
 
 from logstore.file.fileio import OS_FILE_OPS
-from logstore.file.frame import encode_frame, encode_items
-from logstore.file.scanner import ScanState, first_valid_frame_after, scan_log
+from logstore.file.log.frame import encode_frame, encode_items
+from logstore.file.log.scanner import ScanState, first_valid_frame_after, scan_log
 
 
 def frames(n: int, start_seq: int = 0, base: int = 0, group: bool = False) -> bytes:

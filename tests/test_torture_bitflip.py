@@ -39,9 +39,9 @@ import pytest
 
 from logstore import Corrupted, LogstoreError, Store
 from logstore.file.fileio import FileOps
-from logstore.file.frame import Frame
-from logstore.file.index_codec import ENTRY_SIZE, INDEX_HEADER_SIZE, decode_entry
 from logstore.file.layout import conversation_paths
+from logstore.file.log.frame import Frame
+from logstore.file.log.index_codec import ENTRY_SIZE, INDEX_HEADER_SIZE, decode_entry
 from tests.faultfs import NO_SYNC_OPS, scratch_dir
 from tests.helpers import LONG, frames_in
 from tests.torture_workload import FIGURES, TortureFailure, register_summary

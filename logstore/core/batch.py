@@ -1,7 +1,7 @@
 """The payload rules, for every backend: validation and encoding of an append batch (before any lock is
 taken), and the read-side twin that decodes a stored item. Pure, no I/O, no framing: ``prepare_batch``
 returns each item's canonical JSON (the exact bytes stored and returned); the file engine frames them
-(``file.frame.encode_items``), another backend stores them as it likes. Every way in (the Python API and
+(``file.log.frame.encode_items``), another backend stores them as it likes. Every way in (the Python API and
 the server, both protocol eras) reaches these rules through ``Backend.append``.
 
 An item is stored verbatim or rejected, never changed. These are the rules, beyond what msgspec's

@@ -37,11 +37,11 @@ from enum import Enum
 
 from ..core.ids import is_valid_id, validate_conversation_id, validate_site
 from . import layout
-from .commit_point import invalidate
 from .fileio import OS_FILE_OPS, FileOps
 from .layout import ConversationPaths, conversation_paths
 from .locking import held
-from .manifest import SiteManifest
+from .log.commit_point import invalidate
+from .manifest.site import SiteManifest
 
 __all__ = [
     "ErasureResult",

@@ -11,7 +11,7 @@
         conversations/<h1>/<h2>/<id>.idx            sidecar seq index (a hint)
         conversations/<h1>/<h2>/<id>.lock           flock target, never deleted
         conversations/<h1>/<h2>/<id>.erasing        an erasure in progress (file.erasure)
-        manifest/snapshot.<gen>, journal.<gen>      the listing index (manifest_codec)
+        manifest/snapshot.<gen>, journal.<gen>      the listing index (manifest.codec)
         manifest/compact.lock                       taken by the compactor only
 
 ``h1``/``h2`` are the two bytes of BLAKE2b-16 of the conversation id in hex, so a million conversations

@@ -24,10 +24,10 @@ from ..core.imported import ImportedBatch, check_imported
 from ..core.limits import DEFAULT_LIST_LIMIT, DEFAULT_RECALL_COUNT, MAX_READ_COUNT
 from ..core.models import ConversationListing, MemoryItem, SeqRange
 from . import layout
-from .conversation import AppendRequest, CommitInfo, ConversationLog
 from .fileio import OS_FILE_OPS, FileOps
-from .frame import encode_items
-from .manifest import SiteManifest
+from .log.conversation import AppendRequest, CommitInfo, ConversationLog
+from .log.frame import encode_items
+from .manifest.site import SiteManifest
 
 __all__ = ["Store"]
 

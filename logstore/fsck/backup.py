@@ -5,8 +5,9 @@ The destination is an ordinary data dir: a server can run on it, ``logstore fsck
 
 Per conversation log:
 1. under its lock (held only for this), find the end of the last acknowledged frame, as recovery does
-   (``logdump.acknowledged_end``: the engine's rule, ``file.recovery``). Every batch acknowledged before the
-   backup started ends at or before it; bytes past it are another writer's work in flight, not copied;
+   (``logdump.acknowledged_end``: the engine's rule, ``file.log.recovery``). Every batch acknowledged
+   before the backup started ends at or before it; bytes past it are another writer's work in flight,
+   not copied;
 2. without the lock, scan the source from where the destination's copy ends to that end (logs are
    append-only, so the bytes before it never change), copy those bytes, ``fdatasync``, and extend the
    destination's index with one entry per new frame (the index then matches the log exactly);
@@ -40,8 +41,10 @@ from functools import partial
 from ..core.errors import InvalidArgument
 from ..file import layout
 from ..file.fileio import OS_FILE_OPS, FileOps
-from ..file.frame import decode_header
-from ..file.index_codec import (
+from ..file.layout import ConversationPaths, conversation_paths
+from ..file.locking import held
+from ..file.log.frame import decode_header
+from ..file.log.index_codec import (
     ENTRY_SIZE,
     INDEX_HEADER,
     INDEX_HEADER_SIZE,
@@ -49,11 +52,9 @@ from ..file.index_codec import (
     encode_entry,
     header_ok,
 )
-from ..file.layout import ConversationPaths, conversation_paths
-from ..file.locking import held
-from ..file.manifest_codec import Entry, generations
-from ..file.manifest_snapshot import encode_snapshot
-from ..file.scanner import ScanState, frame_at, scan_log
+from ..file.log.scanner import ScanState, frame_at, scan_log
+from ..file.manifest.codec import Entry, generations
+from ..file.manifest.snapshot import encode_snapshot
 from ..file.store_id import StoreIdDamaged, ensure_store_id, read_store_id
 from .backup_manifest import (
     BackupManifest,

@@ -40,7 +40,7 @@ from ..core.ids import is_valid_id, is_valid_site
 from ..file import layout
 from ..file.fileio import FileOps
 from ..file.layout import conversation_paths
-from ..file.scanner import ScanResult, ScanState, scan_log
+from ..file.log.scanner import ScanResult, ScanState, scan_log
 
 __all__ = [
     "LogRecord",

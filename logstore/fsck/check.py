@@ -30,7 +30,7 @@ from ..core.ids import is_valid_id, is_valid_site, validate_conversation_id, val
 from ..file import layout
 from ..file.fileio import OS_FILE_OPS, FileOps
 from ..file.layout import conversation_paths
-from ..file.manifest_codec import Entry
+from ..file.manifest.codec import Entry
 from .backup_manifest import verify as verify_backup
 from .check_erasure import note_marker, orphan_index, settle_erasures
 from .check_log import ConversationOutcome, check_conversation, current_entry

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..file.index_codec import ENTRY_SIZE, INDEX_HEADER_SIZE, decode_entry, header_ok
-from ..file.scanner import FrameMeta
-from ..file.seq_index import LAG_BYTES, LAG_FRAMES
+from ..file.log.index_codec import ENTRY_SIZE, INDEX_HEADER_SIZE, decode_entry, header_ok
+from ..file.log.scanner import FrameMeta
+from ..file.log.seq_index import LAG_BYTES, LAG_FRAMES
 
 __all__ = ["common_entries", "index_evidence", "index_problem", "IndexProblem"]
 

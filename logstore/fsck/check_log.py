@@ -8,7 +8,7 @@ How a conversation is checked (docs/FSCK.md):
    good frame to the current end of file. A good prefix is immutable (the log is append-only; only a repair
    cuts it, and a log it cuts is corrupt, which is rescanned whole), so this sees exactly what recovery
    would see now, and an append in flight during pass 1 is never mistaken for a torn tail.
-3. Torn tail vs corruption: the engine's own rule, ``file.recovery`` (index anchor and evidence, then
+3. Torn tail vs corruption: the engine's own rule, ``file.log.recovery`` (index anchor and evidence, then
    ``judge``): a checked index entry at or past the scanner's stop point proves that bytes there were
    acknowledged: that is corruption (``missing-frames`` if the log simply ends), never a torn tail.
 4. Index, both directions: entry i must equal frame i of the good prefix (offset, first seq, check);
@@ -28,19 +28,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.errors import Io, Timeout
-from ..file.commit_point import invalidate
 from ..file.fileio import FILE_MODE, FileOps
-from ..file.frame import Frame
-from ..file.index_codec import INDEX_HEADER, INDEX_HEADER_SIZE, encode_entry, header_ok, index_entries
 from ..file.layout import ConversationPaths
 from ..file.locking import PathLock
-from ..file.manifest_codec import Entry
-from ..file.recovery import anchor_index, judge
-from ..file.scanner import (
+from ..file.log.commit_point import invalidate
+from ..file.log.frame import Frame
+from ..file.log.index_codec import INDEX_HEADER, INDEX_HEADER_SIZE, encode_entry, header_ok, index_entries
+from ..file.log.recovery import anchor_index, judge
+from ..file.log.scanner import (
     FrameMeta,
     ScanState,
     read_frame_at,
 )
+from ..file.manifest.codec import Entry
 from .check_index import index_evidence, index_problem
 from .check_report import CheckContext, Finding
 from .segments import LogScan, locked_rescan, scan_segments
@@ -173,7 +173,7 @@ def _check_locked(
     body = index[INDEX_HEADER_SIZE:] if index and header_ok(index) else b""
     expected = b"".join(encode_entry(meta.offset, meta.first_seq) for meta in scan.prefix.frames)
 
-    # Step 3: the engine's own rule (file.recovery) decides between torn tail and corruption.
+    # Step 3: the engine's own rule (file.log.recovery) decides between torn tail and corruption.
     last = scan.last
     anchor = anchor_index(index_entries(index), scan.size, lambda at: read_frame_at(ops, fd, at, scan.size))
     verdict = judge(last, anchor.evidence)

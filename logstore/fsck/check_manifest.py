@@ -28,7 +28,7 @@ from ..core.errors import Timeout
 from ..core.models import micros_to_datetime, rfc3339
 from ..file import layout
 from ..file.fileio import FILE_MODE
-from ..file.manifest_codec import (
+from ..file.manifest.codec import (
     MARK_OPEN,
     Entry,
     Generations,
@@ -39,7 +39,7 @@ from ..file.manifest_codec import (
     generations,
     merge_record,
 )
-from ..file.manifest_snapshot import decode_snapshot, encode_snapshot
+from ..file.manifest.snapshot import decode_snapshot, encode_snapshot
 from .check_report import CheckContext, Finding, stray_kind
 
 __all__ = ["ManifestView", "describe_mismatch", "stray_findings"]

@@ -5,7 +5,7 @@
   check, then a resync to the next valid frame found by its magic), like ``kafka-dump-log``. It takes no
   lock: it is a diagnostic and shows in-flight bytes as they are.
 - ``export_items`` streams a consistent snapshot: under the conversation lock (held only briefly) it finds
-  the end of the last acknowledged frame with the engine's own rule (``file.recovery.recover``); then,
+  the end of the last acknowledged frame with the engine's own rule (``file.log.recovery.recover``); then,
   without the lock, the scanner streams every item before that end. Appends made meanwhile are not
   included. Corruption raises ``Corrupted`` (file and offset) after everything before it was
   written; memory stays constant (the scanner's read buffer).
@@ -23,12 +23,12 @@ import msgspec
 from ..core.errors import Corrupted
 from ..core.imported import export_line, export_time
 from ..file.fileio import FileOps
-from ..file.frame import MAX_FRAME_SIZE, Frame, NeedMore, decode_frame, decode_header
-from ..file.index_codec import ENTRY_SIZE, decode_entry, index_entries
 from ..file.layout import ConversationPaths
 from ..file.locking import held
-from ..file.recovery import Verdict, recover
-from ..file.scanner import ScanState, first_valid_frame_after, frame_at, scan_log, zeros_to_end
+from ..file.log.frame import MAX_FRAME_SIZE, Frame, NeedMore, decode_frame, decode_header
+from ..file.log.index_codec import ENTRY_SIZE, decode_entry, index_entries
+from ..file.log.recovery import Verdict, recover
+from ..file.log.scanner import ScanState, first_valid_frame_after, frame_at, scan_log, zeros_to_end
 
 __all__ = ["DumpRecord", "dump_frames", "export_items", "acknowledged_end"]
 
@@ -125,7 +125,8 @@ def dump_frames(
 
 def acknowledged_end(ops: FileOps, paths: ConversationPaths, fd: int) -> Verdict:
     """Where acknowledged data ends in the open log ``fd`` and whether it is damaged: the engine's own
-    rule (``file.recovery``), so export, backup and the engine agree on every log. Caller holds the lock."""
+    rule (``file.log.recovery``), so export, backup and the engine agree on every log. Caller holds the
+    lock."""
     return recover(ops, fd, _index_entries(ops, paths), ops.size(fd), keep_frames=False).verdict
 
 

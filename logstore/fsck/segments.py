@@ -1,5 +1,5 @@
 """A log as fsck sees it: every segment of good frames, continuing past each corruption from the next valid
-frame (found by its magic), so that every damaged region is listed. Built on ``file.scanner`` only."""
+frame (found by its magic), so that every damaged region is listed. Built on ``file.log.scanner`` only."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..file.fileio import FileOps
-from ..file.frame import Frame
-from ..file.manifest_codec import Entry
-from ..file.scanner import FrameMeta, ScanResult, ScanState, first_valid_frame_after, frame_at, scan_log
+from ..file.log.frame import Frame
+from ..file.log.scanner import FrameMeta, ScanResult, ScanState, first_valid_frame_after, frame_at, scan_log
+from ..file.manifest.codec import Entry
 
 __all__ = ["LogScan", "scan_segments", "locked_rescan"]
 

@@ -88,7 +88,7 @@ class FileReader:
         from ..file.fileio import OS_FILE_OPS
         from ..file.layout import conversation_paths
         from ..file.locking import held
-        from ..file.scanner import ScanState
+        from ..file.log.scanner import ScanState
         from ..fsck.logdump import acknowledged_end, dump_frames
 
         paths = conversation_paths(self.data_dir, site, conversation_id)

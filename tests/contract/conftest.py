@@ -45,7 +45,7 @@ def file_backend(scratch: Path, monkeypatch: pytest.MonkeyPatch) -> Backend:
     def set_clock(now: Callable[[], int]) -> None:
         # Imported here, not at the top: the engine module may move (logstore/file/), and only the tests
         # that steer the clock should notice.
-        monkeypatch.setattr(importlib.import_module("logstore.file.conversation"), "_now_us", now)
+        monkeypatch.setattr(importlib.import_module("logstore.file.log.conversation"), "_now_us", now)
 
     return Backend("file", lambda: Store(data_dir, lock_timeout=2.0), set_clock, f"file:{data_dir}")
 

@@ -22,16 +22,16 @@ from collections.abc import Callable, Iterator
 from functools import partial
 from typing import TYPE_CHECKING
 
-from ..core.errors import Corrupted, Io, LogstoreError, Timeout, Unavailable
-from ..core.ids import is_valid_id
-from . import boot, layout
-from .conversation import CommitInfo
-from .fileio import FileOps
-from .log_tail import nothing_after
-from .manifest_codec import Entry, Session
+from ...core.errors import Corrupted, Io, LogstoreError, Timeout, Unavailable
+from ...core.ids import is_valid_id
+from .. import boot, layout
+from ..fileio import FileOps
+from ..log.conversation import CommitInfo
+from ..log.tail import nothing_after
+from .codec import Entry, Session
 
 if TYPE_CHECKING:
-    from .manifest import SiteManifest
+    from .site import SiteManifest
 
 __all__ = [
     "new_session",
@@ -88,7 +88,7 @@ def log_may_differ(ops: FileOps, path: str, entry: Entry) -> bool:
     """Cheap check that a log holds exactly what ``entry`` records. One stat: a file of exactly
     ``log_size`` bytes cannot hold more (the common case, a v1 log or a trimmed v2 one: no data page is
     read); a shorter or missing one changed. A longer one (a v2 preallocated tail, or frames appended) is
-    read at the recorded end with the log's own rule (``log_tail.nothing_after``: zeros there, no frame).
+    read at the recorded end with the log's own rule (``log.tail.nothing_after``: zeros there, no frame).
     The file size is never taken for the data's end. A false positive only costs a recovery."""
     if entry.log_size < 0:  # found by a directory walk: nothing is known
         return True

@@ -7,9 +7,9 @@
   commit point and the file, writes every frame with one ``pwrite`` and one ``fdatasync``, moves the
   commit point (``commit_point``), publishes the new state, extends the index (a hint: may lag, never
   lead) and wakes the followers. Acknowledged only after all of that. A failed write or fsync poisons the
-  handle (``log_tail``): the unacknowledged bytes are cut off, descriptors closed, the next operation
+  handle (``tail``): the unacknowledged bytes are cut off, descriptors closed, the next operation
   reopens with recovery.
-- Reads (``log_reads``) start with one ``pread`` of the commit point: if it is the record the published
+- Reads (``reads``) start with one ``pread`` of the commit point: if it is the record the published
   state agrees with, the state is current (no other syscall); if it moved, the frames it vouches for are
   taken in (durable: no torn tail to judge), else the log is loaded again - without the file lock when
   the record vouches for it, under the lock otherwise (no record, another boot's, damage). A read that
@@ -39,21 +39,21 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from ..core import observe
-from ..core.errors import Corrupted, Io, Timeout, Unavailable
-from ..core.models import MemoryItem, SeqRange
-from . import boot
+from ...core import observe
+from ...core.errors import Corrupted, Io, Timeout, Unavailable
+from ...core.models import MemoryItem, SeqRange
+from .. import boot
+from ..fileio import FileOps
+from ..layout import ConversationPaths
 from .commit_point import CommitPoint, encode, read_raw, write_empty, write_raw
-from .fileio import FileOps
 from .frame import Frame
 from .group_commit import AppendRequest, GroupCommit
-from .layout import ConversationPaths
-from .log_handle import LogHandle
-from .log_reads import corrupted, decode_region, items_of
-from .log_tail import nothing_after, trim
-from .log_writer import CommitInfo, encode_group, write_group
+from .handle import LogHandle
+from .reads import corrupted, decode_region, items_of
 from .recovery import LogState
 from .seq_index import IndexMismatch, locate
+from .tail import nothing_after, trim
+from .writer import CommitInfo, encode_group, write_group
 
 __all__ = ["ConversationLog", "AppendRequest", "CommitInfo"]
 

@@ -1,4 +1,4 @@
-"""A site manifest's state in memory: the packed snapshot it loaded (``manifest_snapshot.Snapshot``) plus
+"""A site manifest's state in memory: the packed snapshot it loaded (``snapshot.Snapshot``) plus
 an overlay of the conversations changed since (journal records, this process's commits). Pure, no I/O.
 
 Why packed: a million conversations as a dict of objects and a sorted list of tuples took ~300 MB; the
@@ -16,8 +16,8 @@ from collections.abc import Iterator
 
 from sortedcontainers import SortedList
 
-from .manifest_codec import ERASED, Entry, erased_entry, merged
-from .manifest_snapshot import EMPTY, Snapshot, listing_key
+from .codec import ERASED, Entry, erased_entry, merged
+from .snapshot import EMPTY, Snapshot, listing_key
 
 __all__ = ["ManifestTable"]
 
@@ -42,7 +42,7 @@ class ManifestTable:
         return self.base.get(conversation_id)
 
     def apply(self, conversation_id: str, record: Entry) -> bool:
-        """Apply one record by the merge rule (``manifest_codec.merged``); True if the state changed."""
+        """Apply one record by the merge rule (``codec.merged``); True if the state changed."""
         current = self.get(conversation_id)
         new = merged(current, record)
         if new is current:

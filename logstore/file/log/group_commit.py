@@ -24,9 +24,9 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from ..core.errors import Unavailable
-from ..core.imported import ImportedBatch
-from ..core.models import SeqRange
+from ...core.errors import Unavailable
+from ...core.imported import ImportedBatch
+from ...core.models import SeqRange
 
 __all__ = ["AppendRequest", "GroupCommit", "ReaderGuard"]
 

@@ -13,15 +13,15 @@ from __future__ import annotations
 import time
 from typing import NamedTuple
 
-from ..core.errors import ConversationFull
-from ..core.imported import import_refusal
-from ..core.limits import MAX_CONVERSATION_ITEMS
-from .fileio import FileOps
+from ...core.errors import ConversationFull
+from ...core.imported import import_refusal
+from ...core.limits import MAX_CONVERSATION_ITEMS
+from ..fileio import FileOps
 from .frame import encode_frame
 from .group_commit import AppendRequest
 from .index_codec import encode_entry
-from .log_tail import UNPREALLOCATED_WRITE, grown_size, next_chunk
 from .recovery import LogState
+from .tail import UNPREALLOCATED_WRITE, grown_size, next_chunk
 
 __all__ = ["CommitInfo", "EncodedGroup", "Written", "encode_group", "write_group"]
 
@@ -153,7 +153,7 @@ def _full(stored: int, requested: int) -> ConversationFull:
 class Written(NamedTuple):
     state: LogState  # the state after the commit, to publish
     fsync_seconds: float
-    chunk: int  # the handle's last preallocated chunk (``log_tail.next_chunk``)
+    chunk: int  # the handle's last preallocated chunk (``tail.next_chunk``)
 
 
 def write_group(
@@ -170,7 +170,7 @@ def write_group(
     plus the directory fsync for a log's first frame (its entry must be durable before anything in it
     is acknowledged; done here, not at creation, so a failed directory fsync is retried with the append).
     A v2 log that would pass its file's end grows by a zero-filled chunk in the same write
-    (``log_tail``), unless the write is large (``UNPREALLOCATED_WRITE``): that one just extends the file.
+    (``tail``), unless the write is large (``UNPREALLOCATED_WRITE``): that one just extends the file.
     Raises ``OSError``: the caller poisons the handle, nothing is acknowledged."""
     data, size = encoded.data, max(state.size, encoded.end)
     if state.version >= 2 and encoded.end > state.size and len(data) < UNPREALLOCATED_WRITE:

@@ -15,7 +15,7 @@ import logging
 import os
 from bisect import bisect_right
 
-from .fileio import FileOps
+from ..fileio import FileOps
 from .index_codec import (
     ENTRY_SIZE,
     INDEX_HEADER,

@@ -2,7 +2,7 @@
 Pure, no I/O. ``Snapshot`` is also the engine's in-memory base: its columns are views over the file's
 bytes, so loading a million conversations costs one read, one CRC and no object per conversation.
 
-    v1  "LSMS" 01 00 00 00 | records (manifest_codec) | u32 crc32c(records)        release 41344b8
+    v1  "LSMS" 01 00 00 00 | records (codec) | u32 crc32c(records)        release 41344b8
     v2  "LSMS" 02 00 00 00 | header | sessions | offsets | ids | columns | slots | u32 crc32c(all after magic)
         header   u32 count | u32 listed | u32 slot count | u32 id bytes | u32 sessions
         sessions 36 bytes each: boot id (16) | u32 pid | u64 start | u64 nonce   (open at the cut)
@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 
 from crc32c import crc32c
 
-from .manifest_codec import Entry, Session, decode_records, merge_record
+from .codec import Entry, Session, decode_records, merge_record
 
 __all__ = ["MAGIC_V1", "MAGIC_V2", "Snapshot", "encode_snapshot", "decode_snapshot", "listing_key"]
 

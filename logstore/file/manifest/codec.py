@@ -1,6 +1,6 @@
 """The manifest's journal codec (docs/FORMAT.md, "Site manifest"): records, session marks, the merge
 rule, generations. Pure, no I/O; used by the engine's ``SiteManifest``, fsck's ``ManifestView``, backup and
-the bench builder alike. Snapshots are ``manifest_snapshot``.
+the bench builder alike. Snapshots are ``snapshot``.
 
     record    u32 body length | u32 crc32c(body) | body
     body      u8 id length | id (ASCII) | i64 created_at | i64 last_appended_at | u64 log_size | u32 next_seq
@@ -22,8 +22,8 @@ from dataclasses import dataclass, replace
 
 from crc32c import crc32c
 
-from ..core.ids import is_valid_id
-from .layout import parse_manifest_name
+from ...core.ids import is_valid_id
+from ..layout import parse_manifest_name
 
 __all__ = [
     "Entry",

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
-from .fileio import FileOps
+from ..fileio import FileOps
 from .frame import MAGIC_FAMILY, PREFIX_SIZE, Frame, FrameDecoder, Invalid, NeedMore, decode_frame
 
 __all__ = [

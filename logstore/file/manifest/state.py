@@ -7,11 +7,11 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from . import layout
-from .fileio import FileOps
-from .manifest_codec import MARK_OPEN, Entry, Session, decode_journal
-from .manifest_snapshot import decode_snapshot
-from .manifest_table import ManifestTable
+from .. import layout
+from ..fileio import FileOps
+from .codec import MARK_OPEN, Entry, Session, decode_journal
+from .snapshot import decode_snapshot
+from .table import ManifestTable
 
 __all__ = ["DiskState", "read_state"]
 

@@ -22,18 +22,18 @@ import os
 import threading
 from dataclasses import replace
 
-from ..core.errors import Io
-from . import boot
+from ...core.errors import Io
+from .. import boot
+from ..fileio import FileOps
+from ..layout import ConversationPaths
+from ..locking import PathLock
 from .commit_point import NO_RECORD, CommitPoint, decode, encode, new_epoch, read_raw, write_raw
-from .fileio import FileOps
 from .frame import decode_header
 from .group_commit import ReaderGuard
-from .layout import ConversationPaths
-from .locking import PathLock
-from .log_tail import cut_back, cut_failed_write, nothing_after, truncate_torn
 from .recovery import EMPTY_STATE, LogState, absorb, judge, recover, recovered_state, rescanned_state
 from .scanner import ScanState, scan_log
 from .seq_index import SidecarIndex
+from .tail import cut_back, cut_failed_write, nothing_after, truncate_torn
 
 __all__ = ["LogHandle"]
 

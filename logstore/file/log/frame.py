@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 from crc32c import crc32c
 
-from ..core.limits import MAX_BATCH_BYTES, MAX_BATCH_ITEMS
+from ...core.limits import MAX_BATCH_BYTES, MAX_BATCH_ITEMS
 
 __all__ = [
     "MAGIC",

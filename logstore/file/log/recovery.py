@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from .fileio import FileOps
+from ..fileio import FileOps
 from .frame import FORMAT_VERSION, Frame, Invalid, NeedMore
 from .index_codec import ENTRY_SIZE, decode_entry, encode_entry
 from .scanner import ScanResult, ScanState, read_frame_at, scan_log
@@ -177,7 +177,7 @@ class LogState:
     torn_at: int | None = None  # a torn tail starts here (truncated by the next locked refresh)
     version: int = FORMAT_VERSION  # of the last good frame: what the log is appended in (v1 stays v1)
     size: int = 0  # the file's size as last seen: ``end`` plus a v2 log's preallocated zero tail
-    point: bytes = b""  # the commit point record (logstore.file.commit_point) this state agrees with
+    point: bytes = b""  # the commit point record (logstore.file.log.commit_point) this state agrees with
 
 
 EMPTY_STATE = LogState(bytearray())

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 
-from .fileio import FileOps
+from ..fileio import FileOps
 from .frame import PREFIX_SIZE, Frame
 from .scanner import read_frame_at
 

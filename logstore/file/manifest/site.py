@@ -12,12 +12,12 @@ Rules:
   the manifest knows every conversation that exists on disk (manifest ⊇ logs).
 - Commit records are written after the log's fdatasync (and before the append is acknowledged) and are
   not synced themselves (no second fsync on the append path).
-- Sessions (``manifest_reconcile``): before its first log write a store fdatasyncs an *open* mark, at a
+- Sessions (``reconcile``): before its first log write a store fdatasyncs an *open* mark, at a
   clean close a *close* mark. A load that finds every session closed (or its process still running) and
   no damaged bytes trusts the manifest as is: no stat, no read of any log. Otherwise a background sweep
   reconciles every conversation with its log, and a conversation touched first is reconciled then; the
   sweep closes the crashed sessions when it is done.
-- Records merge by max (``manifest_codec.merged``); the erasure record drops a conversation.
+- Records merge by max (``codec.merged``); the erasure record drops a conversation.
 - Compaction (a background thread): create journal.<N+1>, read snapshot.<N> + journal.<N>, write
   snapshot.<N+1> (temp + fsync + rename + dir fsync), delete the old files. A writer appends to the newest
   journal, then re-appends to a newer one if it finds one. Every process that reaches generation N+1
@@ -33,13 +33,13 @@ from collections.abc import Callable, Iterator
 
 import filelock
 
-from ..core.cursor import CursorCodec, CursorKey
-from ..core.errors import Io
-from ..core.models import ConversationListing, ConversationSummary, micros_to_datetime
-from . import layout
-from .conversation import CommitInfo
-from .fileio import FILE_MODE, FileOps
-from .manifest_codec import (
+from ...core.cursor import CursorCodec, CursorKey
+from ...core.errors import Io
+from ...core.models import ConversationListing, ConversationSummary, micros_to_datetime
+from .. import layout
+from ..fileio import FILE_MODE, FileOps
+from ..log.conversation import CommitInfo
+from .codec import (
     MARK_CLOSE,
     MARK_OPEN,
     Entry,
@@ -51,10 +51,10 @@ from .manifest_codec import (
     erased_entry,
     generations,
 )
-from .manifest_reconcile import Reconciliation, end_session, logs_under, new_session
-from .manifest_snapshot import encode_snapshot
-from .manifest_state import DiskState, read_state
-from .manifest_table import ManifestTable
+from .reconcile import Reconciliation, end_session, logs_under, new_session
+from .snapshot import encode_snapshot
+from .state import DiskState, read_state
+from .table import ManifestTable
 
 __all__ = ["SiteManifest", "COMPACT_THRESHOLD"]
 

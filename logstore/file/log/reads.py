@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import msgspec
 
-from ..core.batch import decode_item
-from ..core.errors import Corrupted
-from ..core.models import MemoryItem, micros_to_datetime
+from ...core.batch import decode_item
+from ...core.errors import Corrupted
+from ...core.models import MemoryItem, micros_to_datetime
 from .frame import Frame, decode_frame
 from .seq_index import IndexMismatch
 

@@ -49,8 +49,8 @@ from typing import NamedTuple
 
 from crc32c import crc32c
 
-from . import boot
-from .fileio import FileOps
+from .. import boot
+from ..fileio import FileOps
 
 __all__ = [
     "RECORD_SIZE",
