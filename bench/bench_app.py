@@ -15,12 +15,12 @@ import sys
 
 from logstore.core.factory import open_registry
 from server.config import ServeConfig
-from server.handlers import StoreLike
 from server.http_app import build_http_app
-from server.mcp_app import ToolBinding, spec_bindings
+from server.mcp.app import ToolBinding, spec_bindings
+from server.mcp.handlers import StoreLike
+from server.mcp.spec_tools import ToolDef
+from server.mcp.validation import ArgumentValidator
 from server.runtime import open_store, uvicorn_config
-from server.spec_tools import ToolDef
-from server.validation import ArgumentValidator
 
 __all__ = ["NOOP_TOOL", "bench_bindings", "main"]
 

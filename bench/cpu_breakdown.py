@@ -22,9 +22,9 @@ __all__ = ["COMPONENTS", "breakdown"]
 # (label, pattern on "function (path:line)"), checked from the leaf frame upwards; first match wins.
 COMPONENTS: tuple[tuple[str, str], ...] = (
     ("engine (logstore/)", r"\((logstore)/"),
-    ("our auth (server/auth.py)", r"\(server/auth\.py"),
-    ("result encoding (server/mcp_app.py _success)", r"^_success \(server/mcp_app\.py"),
-    ("jsonschema argument validation", r"\((jsonschema|referencing|rpds)/|\(server/validation\.py"),
+    ("our auth (server/auth/basic.py)", r"\(server/auth/basic\.py"),
+    ("result encoding (server/mcp/app.py _success)", r"^_success \(server/mcp/app\.py"),
+    ("jsonschema argument validation", r"\((jsonschema|referencing|rpds)/|\(server/mcp/validation\.py"),
     ("our tool funnel (server/ other)", r"\(server/"),
     ("SDK pydantic (JSON-RPC parse/validate, result dump)", r"\(pydantic(_core)?/"),
     ("SDK transport + session (mcp/)", r"\(mcp(_types)?/"),

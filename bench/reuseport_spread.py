@@ -1,5 +1,6 @@
-"""How the kernel spreads connections over ``SO_REUSEPORT`` sockets (why ``server/workers.py`` does not
-rely on it): ``sockets`` listening sockets on one port, ``clients`` connections made at once, repeated.
+"""How the kernel spreads connections over ``SO_REUSEPORT`` sockets (why
+``server/transport/workers.py`` does not rely on it): ``sockets`` listening sockets on one port, ``clients``
+connections made at once, repeated.
 
     python -m bench.reuseport_spread --trials 200     # prints the trials outside a 35-65% split
 """

@@ -12,8 +12,8 @@ from dataclasses import dataclass, fields
 
 from logstore.core.factory import file_url, parse_store_url
 
-from .access_log import LOG_FORMATS
-from .http_limits import HttpLimits
+from .transport.access_log import LOG_FORMATS
+from .transport.http_limits import HttpLimits
 
 __all__ = ["ServeConfig", "ENV_VARS"]
 
@@ -41,7 +41,7 @@ ENV_VARS = {
     "metrics_bind": "LOGSTORE_METRICS_BIND",
     "ui": "LOGSTORE_UI",
 }
-# The hostile-client limits (server/http_limits.py, docs/SECURITY.md): LOGSTORE_<FIELD NAME>.
+# The hostile-client limits (server/transport/http_limits.py, docs/SECURITY.md): LOGSTORE_<FIELD NAME>.
 _LIMIT_FIELDS = tuple(f.name for f in fields(HttpLimits))
 ENV_VARS.update({name: f"LOGSTORE_{name.upper()}" for name in _LIMIT_FIELDS})
 
@@ -64,7 +64,7 @@ class ServeConfig:
     threads: int = 32  # worker threads for blocking store calls (concurrent appends group-commit)
     stateless: bool | None = None  # None: stateless exactly when workers > 1
     log_level: str = "info"
-    log_format: str = "text"  # text | json (server.access_log)
+    log_format: str = "text"  # text | json (server.transport.access_log)
     access_log: bool = True  # one INFO line per tool call on the logger logstore.access
     metrics: bool = True  # count tool calls, engine figures, auth failures; serve them at /metrics
     metrics_token: str | None = None  # GET /metrics requires "Authorization: Bearer <token>"

@@ -9,8 +9,8 @@ lives in one process's memory.
 
 Around the SDK (outermost first): ``HeaderGuard`` (header count/size), Basic auth, ``BodyGuard`` (body size,
 concurrent large parses, disconnects), then ``SitedSessionManager`` (per-site session caps). The
-connection-level limits (read deadlines, connection cap) are in ``server.connections``; all values in
-``server.http_limits`` and docs/SECURITY.md.
+connection-level limits (read deadlines, connection cap) are in ``server.transport.connections``; all
+values in ``server.transport.http_limits`` and docs/SECURITY.md.
 """
 
 from __future__ import annotations
@@ -34,16 +34,16 @@ from starlette.routing import Mount, Route
 from logstore.core import observe
 from logstore.core.registry import SiteRegistry
 
-from .access_log import ToolCall, log_call
-from .auth import Authenticator, BasicAuthMiddleware, site_of_scope
-from .handlers import StoreLike
-from .http_limits import MAX_REQUEST_BODY, HttpLimits
-from .log_guard import install_log_guard
-from .mcp_app import ToolBinding, build_mcp_server, server_version, spec_bindings
+from .auth.basic import Authenticator, BasicAuthMiddleware, site_of_scope
+from .auth.sessions import SitedSessionManager
+from .mcp.app import ToolBinding, build_mcp_server, server_version, spec_bindings
+from .mcp.handlers import StoreLike
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import ServerMetrics, scrape, token_ok
-from .request_guard import BodyGuard, HeaderGuard
-from .sessions import SitedSessionManager
+from .transport.access_log import ToolCall, log_call
+from .transport.http_limits import MAX_REQUEST_BODY, HttpLimits
+from .transport.log_guard import install_log_guard
+from .transport.request_guard import BodyGuard, HeaderGuard
 from .ui.app import build_ui_app
 
 __all__ = ["MAX_REQUEST_BODY", "build_http_app", "site_of_request"]

@@ -3,7 +3,7 @@
 What is counted (names as exported; no label ever carries a conversation id, a site, or a payload):
 
 - ``logstore_tool_calls_total{tool, code}``: tool calls by outcome; ``code`` is ``ok`` or the error name the
-  client got (``server.tool_errors``), ``tool`` one of the served tools or ``unknown``.
+  client got (``server.mcp.tool_errors``), ``tool`` one of the served tools or ``unknown``.
 - ``logstore_tool_latency_seconds{tool}``: from the call reaching the tool dispatcher to its result
   (validation, waiting for a storage thread, the engine call, encoding the result).
 - ``logstore_fsync_seconds``, ``logstore_group_commit_requests`` (callers' batches per durable commit),
@@ -38,7 +38,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from prometheus_client import multiprocess as prom_multiprocess
 from prometheus_client.exposition import generate_latest
 
-from .access_log import ToolCall
+from .transport.access_log import ToolCall
 
 __all__ = [
     "AUTH_FAILURE_KINDS",

@@ -1,8 +1,8 @@
 """Running the server: open the store, build the app, hand it to uvicorn (HTTP) or to stdio.
 
 ``logstore serve`` (``tools/serve.py``) calls ``run_http`` or ``run_stdio``; with ``--workers N`` this
-process becomes the acceptor of ``server.workers`` and spawns N processes that each build the app from the
-environment and open their own store on the same store URL (the file engine is multi-process safe).
+process becomes the acceptor of ``server.transport.workers`` and spawns N processes that each build the app
+from the environment and open their own store on the same store URL (the file engine is multi-process safe).
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ from starlette.applications import Starlette
 
 from logstore.core import factory
 
-from .access_log import configure_logging, log_call
 from .config import ServeConfig
-from .connections import guarded_protocol
-from .handlers import StoreLike
 from .http_app import build_http_app
-from .mcp_app import build_mcp_server, spec_bindings
+from .mcp.app import build_mcp_server, spec_bindings
+from .mcp.handlers import StoreLike
 from .metrics import MetricsHttpServer, ServerMetrics, mark_dead, multiprocess_dir
-from .workers import HandoffServer, Supervisor
+from .transport.access_log import configure_logging, log_call
+from .transport.connections import guarded_protocol
+from .transport.workers import HandoffServer, Supervisor
 
 __all__ = ["open_store", "create_app", "app_from_env", "run_http", "run_stdio", "uvicorn_config"]
 
@@ -70,7 +70,7 @@ def uvicorn_config(config: ServeConfig, app: Any, **extra: Any) -> uvicorn.Confi
         ssl_certfile=config.ssl_certfile,
         ssl_keyfile=config.ssl_keyfile,
         log_level=config.log_level,
-        access_log=False,  # uvicorn's per-request line; ours is per tool call (server.access_log)
+        access_log=False,  # uvicorn's per-request line; ours is per tool call (server.transport.access_log)
         lifespan="on",
         timeout_graceful_shutdown=10,
         http=guarded_protocol(config.http_limits),
@@ -88,7 +88,8 @@ def run_http(config: ServeConfig) -> None:
             uvicorn.Server(uvicorn_config(config, create_app(config, metrics))).run()
         return
     # Workers are separate processes; they rebuild the config from the environment. The acceptor (this
-    # process) hands them connections round robin: see server/workers.py for why not a shared socket.
+    # process) hands them connections round robin: see server/transport/workers.py for why not a
+    # shared socket.
     # Their metrics go to files in a directory made for this run (server/metrics.py).
     with multiprocess_dir():
         os.environ.update(config.to_env())

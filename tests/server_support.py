@@ -146,7 +146,7 @@ async def call(client: Client, tool: str, arguments: dict[str, Any]) -> tuple[bo
     """(is_error, the result JSON).
 
     Success: ``structuredContent``, after checking the text content carries the same JSON. Error: the JSON
-    of the text content, after checking there is no ``structuredContent`` (see server/tool_errors.py).
+    of the text content, after checking there is no ``structuredContent`` (see server/mcp/tool_errors.py).
     """
     result = await client.call_tool(tool, arguments)
     assert len(result.content) == 1 and result.content[0].type == "text"

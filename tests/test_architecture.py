@@ -136,7 +136,7 @@ def _engine_modules_after(imports: str) -> str:
 
 
 def test_importing_the_server_loads_no_engine() -> None:
-    assert _engine_modules_after("import server.http_app, server.runtime, server.mcp_app") == "[]"
+    assert _engine_modules_after("import server.http_app, server.runtime, server.mcp.app") == "[]"
 
 
 def test_importing_errors_loads_no_engine() -> None:
@@ -201,4 +201,58 @@ def test_file_layer_check_sees_an_upward_import() -> None:
     assert _file_layer_violations(graph) == [
         "logstore.file.fileio -> logstore.file.store",
         "logstore.file.log.conversation -> logstore.file.manifest.site",
+    ]
+
+
+# The server's layers (server/__init__.py and its sub-packages' docstrings): transport at the bottom; auth and
+# mcp on it, neither importing the other (mcp only the access log's ToolCall record); ui on those; the
+# modules that compose them at the top. A sub-package may import what its entry lists (and the packages
+# above those modules, whose __init__ runs first); a new flat module must be placed in a layer here.
+_SERVER_LAYERS: dict[str, tuple[str, ...]] = {
+    "server.transport": ("server.transport",),
+    "server.auth": ("server.auth", "server.transport"),
+    "server.mcp": ("server.mcp", "server.transport.access_log"),
+    "server.ui": ("server.ui", "server.auth", "server.mcp", "server.transport"),
+}
+_SERVER_TOP = {"server", "server.config", "server.metrics", "server.http_app", "server.runtime"}
+
+
+def _server_layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for name, deps in graph.items():
+        if name != "server" and not name.startswith("server."):
+            continue
+        layer = next((p for p in _SERVER_LAYERS if name == p or name.startswith(p + ".")), None)
+        if layer is None:
+            if name not in _SERVER_TOP:
+                bad.append(f"{name} is in no layer")
+            continue
+        allowed = _SERVER_LAYERS[layer]
+        for dep in deps:
+            if dep != "server" and not dep.startswith("server."):
+                continue
+            if not any(dep == a or dep.startswith(a + ".") or a.startswith(dep + ".") for a in allowed):
+                bad.append(f"{name} -> {dep}")
+    return sorted(bad)
+
+
+def test_server_layers() -> None:
+    assert _server_layer_violations(_graph()) == []
+
+
+def test_server_layer_check_sees_an_upward_import() -> None:
+    graph = {
+        "server.auth.basic": {"server", "server.transport", "server.transport.http_limits", "server.mcp.app"},
+        "server.mcp.app": {"server.transport", "server.transport.access_log", "server.transport.workers"},
+        "server.transport.http_limits": {"server.config", "logstore.core.limits"},
+        "server.ui.app": {"server.auth.basic", "server.mcp.tool_errors", "server.http_app"},
+        "server.flat": set(),
+        "server.runtime": {"server.http_app", "server.transport.workers"},
+    }
+    assert _server_layer_violations(graph) == [
+        "server.auth.basic -> server.mcp.app",
+        "server.flat is in no layer",
+        "server.mcp.app -> server.transport.workers",
+        "server.transport.http_limits -> server.config",
+        "server.ui.app -> server.http_app",
     ]

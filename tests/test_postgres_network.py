@@ -32,7 +32,7 @@ from logstore.postgres.pgerrors import is_stale_connection, translate
 from logstore.postgres.registry import PostgresRegistry
 from logstore.postgres.settings import LIBPQ_DEFAULTS, client_settings, libpq_conninfo, split_url
 from logstore.postgres.watchdog import Watchdog
-from server.tool_errors import error_body
+from server.mcp.tool_errors import error_body
 from tests.faultproxy import Fault, proxied_url, running_proxy
 from tests.postgres_support import fresh_url
 from tests.server_support import call, connect, error_of, serve

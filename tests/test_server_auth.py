@@ -11,9 +11,9 @@ import httpx2
 import pytest
 from mcp.shared.exceptions import MCPError
 
-import server.auth as auth_module
+import server.auth.basic as auth_module
 from logstore.file.credentials import CredentialsFile
-from server.auth import Authenticator
+from server.auth.basic import Authenticator
 from tests.helpers import initialize_body
 from tests.server_support import MODES, call, connect, error_of, rpc_headers, serve
 

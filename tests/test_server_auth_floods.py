@@ -29,7 +29,7 @@ import httpx2
 import pytest
 
 from logstore.file.credentials import CredentialsFile
-from server.auth import REMEMBERED_FAILURE_HOLD
+from server.auth.basic import REMEMBERED_FAILURE_HOLD
 from tests.server_support import rpc_headers, serve
 from tests.test_server_hostile import INIT, basic
 

@@ -11,11 +11,11 @@ import anyio
 import pytest
 
 from logstore.core.limits import MAX_BATCH_BYTES, MAX_BATCH_ITEMS
+from server.auth.kdf_gate import ADDRESS_FACTOR, AuthShed, AuthThrottled, FailureThrottle, KdfGate
 from server.config import ServeConfig
-from server.http_limits import MAX_REQUEST_BODY, HttpLimits
-from server.kdf_gate import ADDRESS_FACTOR, AuthShed, AuthThrottled, FailureThrottle, KdfGate
-from server.log_guard import RateLimitFilter
-from server.request_guard import BodyGuard
+from server.transport.http_limits import MAX_REQUEST_BODY, HttpLimits
+from server.transport.log_guard import RateLimitFilter
+from server.transport.request_guard import BodyGuard
 
 pytestmark = pytest.mark.anyio
 
@@ -195,7 +195,7 @@ def test_log_guard_passes_a_burst_then_counts_what_it_dropped():
 
 
 def test_session_admission_evicts_idle_longest_and_refuses_only_when_all_are_busy():
-    from server.sessions import SitedSessionManager, _Session
+    from server.auth.sessions import SitedSessionManager, _Session
 
     manager = SitedSessionManager(app=object(), limits=HttpLimits(max_sessions=4, max_sessions_per_site=2))
     book = manager._book

@@ -1,4 +1,4 @@
-"""``GET /metrics`` (server/metrics.py) and the access log (server/access_log.py), on real servers.
+"""``GET /metrics`` (server/metrics.py) and the access log (server/transport/access_log.py), on real servers.
 
 The figures are checked against what the client did: every call it made is counted once across the
 workers, every append is one request in some group commit, every conversation a worker holds open is in

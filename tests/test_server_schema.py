@@ -1,7 +1,7 @@
 """The tools the server lists are the spec's, byte for byte: names, descriptions, input and output schemas.
 
-Two links are checked: spec markdown -> ``server/tools.json`` (when the spec file is available), and
-``server/tools.json`` -> the raw JSON of a ``tools/list`` response on the wire, in both protocol eras.
+Two links are checked: spec markdown -> ``server/mcp/tools.json`` (when the spec file is available), and
+``server/mcp/tools.json`` -> the raw JSON of a ``tools/list`` response on the wire, in both protocol eras.
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from logstore.file.credentials import CredentialsFile
-from server.spec_tools import TOOL_HINTS, TOOL_NAMES, extract_tools, load_tools, tools_json_text
+from server.mcp.spec_tools import TOOL_HINTS, TOOL_NAMES, extract_tools, load_tools, tools_json_text
 from tests.server_support import MODES, REPO, serve
 
 pytestmark = pytest.mark.anyio
 
-TOOLS_JSON = REPO / "server" / "tools.json"
+TOOLS_JSON = REPO / "server" / "mcp" / "tools.json"
 
 
 def spec_path() -> Path | None:

@@ -17,8 +17,8 @@ from logstore import Store
 from logstore.core import errors
 from logstore.file.credentials import CredentialsFile
 from logstore.file.layout import conversation_paths
-from server.mcp_app import build_mcp_server, spec_bindings
-from server.tool_errors import error_body
+from server.mcp.app import build_mcp_server, spec_bindings
+from server.mcp.tool_errors import error_body
 from tests.corruption import flip_byte
 from tests.helpers import log_frames
 from tests.server_support import MODES, call, connect, error_of, serve

@@ -16,8 +16,8 @@ import pytest
 
 from logstore.core import errors
 from logstore.file.credentials import CredentialsFile
-from server.spec_tools import tools_by_name
-from server.validation import ArgumentValidator
+from server.mcp.spec_tools import tools_by_name
+from server.mcp.validation import ArgumentValidator
 from tests.helpers import initialize_body
 from tests.server_support import MODES, call, connect, error_of, serve
 
@@ -340,7 +340,7 @@ async def test_raw_wire_legacy_session_reports_tool_error_shape(server):
         r = await http.post(server.url, json=body, headers=h)
         result = r.json()["result"]
         assert result["isError"] is True
-        assert "structuredContent" not in result  # see server/tool_errors.py: TS SDK 1.x compatibility
+        assert "structuredContent" not in result  # see server/mcp/tool_errors.py: TS SDK 1.x compatibility
         assert json.loads(result["content"][0]["text"]) == {
             "error": {
                 "code": "InvalidConversationId",

@@ -67,7 +67,7 @@ def test_typescript_sdk_calls_all_four_tools(tmp_path, backend, request):
         )
     assert ran.returncode == 0, ran.stderr
     out = json.loads(ran.stdout)
-    reference = json.loads((REPO / "server" / "tools.json").read_text(encoding="utf-8"))
+    reference = json.loads((REPO / "server" / "mcp" / "tools.json").read_text(encoding="utf-8"))
 
     assert out["protocolVersion"] == "2025-11-25" and out["sessionId"]  # the legacy era, with a session
     assert [

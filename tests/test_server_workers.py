@@ -90,7 +90,7 @@ def test_accept_failing_for_lack_of_descriptors_pauses_instead_of_spinning():
     import errno
     import socket as socket_module
 
-    from server.workers import Supervisor
+    from server.transport.workers import Supervisor
 
     listener = socket_module.socket()
     listener.bind(("127.0.0.1", 0))

@@ -304,8 +304,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"logstore serve: {exc}", file=sys.stderr)
         return 2
 
-    from server.access_log import configure_logging
     from server.runtime import run_http, run_stdio
+    from server.transport.access_log import configure_logging
 
     # Logs go to stderr in both modes; in stdio mode stdout carries the protocol.
     configure_logging(config.log_level, log_format=config.log_format, access_log=config.access_log)

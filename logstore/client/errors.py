@@ -1,6 +1,7 @@
 """The server's error bodies, back into the engine's exception classes (``logstore.core.errors``).
 
-A tool error arrives as ``{"error": {"code", "message", "retryable", ...details}}`` (server/tool_errors.py);
+A tool error arrives as ``{"error": {"code", "message", "retryable", ...details}}``
+(server/mcp/tool_errors.py);
 ``error_from_body`` raises the same class the engine would have raised, with the same ``.code``,
 ``.retryable`` and detail attributes, so code written against ``Store`` handles the client's errors
 unchanged. Two failures exist only on the client's side of the wire:

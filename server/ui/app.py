@@ -9,9 +9,9 @@ backend (file, PostgreSQL), never the files.
 
 Around the pages (outermost first): ``SecurityHeaders`` (strict CSP with no inline script, no-store,
 nosniff, frame-ancestors 'none', on every response, the 401s included), a Host check (DNS rebinding, when
-the server is bound to loopback, as ``/mcp``), then ``server.auth.BasicAuthMiddleware`` with the server's
-own ``Authenticator``: the same credentials, caches and throttles as ``/mcp``. Only GET (and HEAD). Store
-calls and rendering run in worker threads under the MCP tools' ``CapacityLimiter``.
+the server is bound to loopback, as ``/mcp``), then ``server.auth.basic.BasicAuthMiddleware`` with the
+server's own ``Authenticator``: the same credentials, caches and throttles as ``/mcp``. Only GET (and
+HEAD). Store calls and rendering run in worker threads under the MCP tools' ``CapacityLimiter``.
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ from logstore.core.errors import LogstoreError
 from logstore.core.imported import export_item
 from logstore.core.limits import MAX_READ_COUNT
 
-from ..auth import Authenticator, BasicAuthMiddleware, site_of_scope
-from ..mcp_app import server_version
-from ..tool_errors import error_body
+from ..auth.basic import Authenticator, BasicAuthMiddleware, site_of_scope
+from ..mcp.app import server_version
+from ..mcp.tool_errors import error_body
 from .render import group_batches, time_view
 
 __all__ = ["build_ui_app", "SECURITY_HEADERS", "PAGE_ITEMS", "COUNT_CAP"]

@@ -24,7 +24,7 @@ import pytest
 from logstore import Store
 
 # The backend protocol the server depends on (moving to logstore.core with the package split).
-from server.handlers import StoreLike
+from server.mcp.handlers import StoreLike
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 Handlers are plain blocking functions ``(store, site, args) -> dict``; the MCP layer runs them in a worker
 thread. They receive arguments already validated against the input schema (defaults applied), and return
 exactly the shape of the tool's output schema with RFC3339 timestamps. Engine errors propagate unchanged to
-``server.tool_errors``.
+``server.mcp.tool_errors``.
 """
 
 from __future__ import annotations

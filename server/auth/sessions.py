@@ -35,9 +35,9 @@ from mcp_types import JSONRPCNotification
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from starlette.types import Receive, Scope, Send
 
-from .auth import SiteUser
-from .http_limits import HttpLimits
-from .request_guard import BODY_BYTES, json_error
+from ..transport.http_limits import HttpLimits
+from ..transport.request_guard import BODY_BYTES, json_error
+from .basic import SiteUser
 
 __all__ = ["SitedSessionManager"]
 

@@ -2,9 +2,9 @@
 
 The low-level ``mcp.server.Server`` is used rather than ``MCPServer`` because the tool descriptions and
 schemas must be the spec's byte for byte; ``MCPServer`` derives schemas from type hints. Arguments are
-validated here with jsonschema (``server.validation``), blocking engine calls run in worker threads behind
+validated here with jsonschema (``server.mcp.validation``), blocking engine calls run in worker threads behind
 one ``CapacityLimiter`` so the event loop never waits on an fsync, and every failure goes through
-``server.tool_errors`` — the one error mapping.
+``server.mcp.tool_errors`` — the one error mapping.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import msgspec
 from mcp.server import Server
 from mcp.server.context import ServerRequestContext
 
-from .access_log import UNKNOWN_TOOL, ToolCall
+from ..transport.access_log import UNKNOWN_TOOL, ToolCall
 from .handlers import SPEC_HANDLERS, Handler, StoreLike
 from .spec_tools import ToolDef, load_tools
 from .tool_errors import UnknownTool, body_result, error_body
@@ -98,7 +98,7 @@ def build_mcp_server(
     on_call: Callable[[ToolCall], None] | None = None,
 ) -> Server[Any]:
     """A low-level MCP server whose tools are exactly ``bindings`` (in their order); ``on_call`` hears
-    about every finished call (metrics, access log: ``server.access_log``)."""
+    about every finished call (metrics, access log: ``server.transport.access_log``)."""
     bindings = dict(bindings)
     listing = types.ListToolsResult(
         tools=[types.Tool.model_validate(b.tool.as_json()) for b in bindings.values()]

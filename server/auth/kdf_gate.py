@@ -1,7 +1,7 @@
 """Admission for password verification: per-(address, site) throttling, a small scrypt pool, fair shares.
 
 Only requests whose credentials are not remembered reach this (known-good credentials cost a keyed hash and
-a dict lookup, and so does a *repeated* failure: ``server.auth``), so this is the cost of *new*
+a dict lookup, and so does a *repeated* failure: ``server.auth.basic``), so this is the cost of *new*
 credentials — every client right after a restart, and every distinct guess an attacker makes. The rules
 that keep a correct new client fast under a wrong-password flood (issue 22):
 
@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 import anyio
 import anyio.to_thread
 
-from .http_limits import HttpLimits
+from ..transport.http_limits import HttpLimits
 
 __all__ = ["AuthThrottled", "AuthShed", "FailureThrottle", "KdfGate", "THROTTLE_DELAY"]
 

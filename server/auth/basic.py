@@ -1,7 +1,7 @@
 """HTTP Basic authentication for ``/mcp``: the user name is the site, checked on every request.
 
 Cost model: the first request with given credentials runs scrypt (in a worker thread, admitted by
-``server.kdf_gate``: its own small pool, a bounded queue in fair shares per site, and a per-(address,
+``server.auth.kdf_gate``: its own small pool, a bounded queue in fair shares per site, and a per-(address,
 site) failure throttle answering 429). The outcome is remembered under a keyed hash of (site, password)
 (BLAKE2b with a key drawn at start, so the memory holds nothing an offline guesser could use): a
 known-good request then costs a hash and a dict lookup, and a *repeated* failure — an agent with a stale
@@ -36,9 +36,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from logstore.core.ids import is_valid_site
 from logstore.core.registry import SiteRegistry, hash_password, verify_password
 
-from .http_limits import HttpLimits
+from ..transport.http_limits import HttpLimits
+from ..transport.request_guard import json_error
 from .kdf_gate import THROTTLE_DELAY, AuthShed, AuthThrottled, FailureThrottle, KdfGate
-from .request_guard import json_error
 
 __all__ = ["SiteUser", "Authenticator", "BasicAuthMiddleware", "site_of_scope"]
 
@@ -117,7 +117,7 @@ class Authenticator:
         """The site for a ``Basic`` header value (the whole header), or None if it does not verify.
 
         ``client`` is the peer address the throttle counts failures against (with the site). Raises
-        ``AuthThrottled`` or ``AuthShed`` (see ``server.kdf_gate``) when verification is refused."""
+        ``AuthThrottled`` or ``AuthShed`` (see ``server.auth.kdf_gate``) when verification is refused."""
         self._refresh()
         parsed = _parse_basic(authorization)
         if parsed is None:  # not even user:password; nothing secret to time, no scrypt needed

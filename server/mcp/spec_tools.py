@@ -1,9 +1,9 @@
-"""The four spec tools as data: loaded from ``server/tools.json``, which is extracted from the spec.
+"""The four spec tools as data: loaded from ``server/mcp/tools.json``, which is extracted from the spec.
 
 ``tools.json`` is the single source the server serves from. It was produced once from the spec markdown
 (``../shared/spec/conversation-memory.md``) by this module's ``extract_tools``; regenerate it with::
 
-    python -m server.spec_tools PATH/TO/conversation-memory.md > server/tools.json
+    python -m server.mcp.spec_tools PATH/TO/conversation-memory.md > server/mcp/tools.json
 
 and ``tests/test_server_schema.py`` checks that ``tools.json`` still equals what the spec says (whenever the
 spec file is available) and that ``tools/list`` returns exactly ``tools.json`` over the wire, plus the
@@ -124,7 +124,7 @@ def tools_json_text(tools: list[dict[str, Any]]) -> str:
 
 @cache
 def load_tools() -> tuple[ToolDef, ...]:
-    raw = json.loads(resources.files("server").joinpath("tools.json").read_text(encoding="utf-8"))
+    raw = json.loads(resources.files("server.mcp").joinpath("tools.json").read_text(encoding="utf-8"))
     defs = tuple(
         ToolDef(
             name=t["name"],
@@ -136,7 +136,9 @@ def load_tools() -> tuple[ToolDef, ...]:
         for t in raw
     )
     if tuple(t.name for t in defs) != TOOL_NAMES:
-        raise RuntimeError(f"server/tools.json lists {[t.name for t in defs]}, expected {list(TOOL_NAMES)}")
+        raise RuntimeError(
+            f"server/mcp/tools.json lists {[t.name for t in defs]}, expected {list(TOOL_NAMES)}"
+        )
     return defs
 
 

@@ -3,7 +3,7 @@
 The access line carries the site, the tool, the outcome code (``ok`` or the error name the client got),
 the number of items (appended, or returned by a read; for a failed append the items it carried) and the
 latency in milliseconds — never a payload or a conversation id. It is logged at INFO on its own logger,
-``logstore.access``, with its own handler: the log guard (``server.log_guard``) rate-limits repeated
+``logstore.access``, with its own handler: the log guard (``server.transport.log_guard``) rate-limits repeated
 templates and would otherwise drop all but five calls per 10 s; operators silence the lines with
 ``--no-access-log`` or ``--log-level warning``, or route the logger elsewhere.
 

@@ -14,7 +14,7 @@ everyone. ``guarded_protocol`` returns an ``H11Protocol`` subclass that adds, pe
   a request in flight is the new one refused with 503.
 
 A header block over ``max_header_bytes`` is answered 431 before h11 parses it (the header *count* is
-checked by ``server.request_guard.HeaderGuard`` once parsed).
+checked by ``server.transport.request_guard.HeaderGuard`` once parsed).
 
 On a deadline the server answers 408 if no response was started, and closes the connection.
 """
