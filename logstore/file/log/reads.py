@@ -26,10 +26,12 @@ def corrupted(path: str, offset: int, reason: str) -> Corrupted:
     )
 
 
-def decode_region(data: bytes, region_start: int, bounds: list[tuple[int, int]], stop: int) -> list[Frame]:
+def decode_region(
+    data: bytes, region_start: int, bounds: list[tuple[int, int]], stop: int, *, size: int | None = None
+) -> list[Frame]:
     """The frames ``bounds`` (``(offset, first_seq)`` from ``seq_index.locate``) in ``data``, the bytes of
     the log from ``region_start``: each must be valid, carry its entry's seq, and together they must
-    tile ``data`` and reach seq ``stop``."""
+    tile the first ``size`` bytes of ``data`` (all of it by default) and reach seq ``stop``."""
     frames: list[Frame] = []
     pos = 0
     for offset, first_seq in bounds:
@@ -38,7 +40,7 @@ def decode_region(data: bytes, region_start: int, bounds: list[tuple[int, int]],
             raise IndexMismatch
         frames.append(event)
         pos = event.end - region_start
-    if pos != len(data) or frames[-1].first_seq + frames[-1].count < stop:
+    if pos != (len(data) if size is None else size) or frames[-1].first_seq + frames[-1].count < stop:
         raise IndexMismatch
     return frames
 
