@@ -18,9 +18,10 @@
   the flock only where bytes the record does not vouch for must be judged (only recovery under the lock
   may): when the lock-free load cannot tell (no record, another boot's, another file, damage the record
   does not name, a log that disagrees: ``_refresh_under_lock``, waiting up to ``lock_timeout``, also
-  behind a local commit's flock wait); when a lock-free load saw bytes past the record (a dead writer's:
-  ``_settle_if_free``, one try, never waiting, skipped while a local commit is in flight); and when the
-  index disagrees with the log (``_verify_and_rebuild``: a rescan, waiting up to ``lock_timeout``).
+  behind a local commit's flock wait); when a read finds frames past the record (a dead writer's, to be
+  taken in as the next append would: ``_settle_if_free``, one try, never waiting, skipped while a local
+  commit is in flight); and when the index disagrees with the log (``_verify_and_rebuild``: a rescan,
+  waiting up to ``lock_timeout``).
 - An index entry that disagrees with the log is never served: the log is rescanned under the lock and
   the index rewritten. A bad frame inside the acknowledged region is ``Corrupted(path, offset)``: reads
   before it work, appends stop.
