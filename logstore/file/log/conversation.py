@@ -11,11 +11,17 @@
   reopens with recovery.
 - Reads (``reads``) start with one ``pread`` of the commit point: if it is the record the published
   state agrees with, the state is current (no other syscall); if it moved, the frames it vouches for are
-  taken in (durable: no torn tail to judge), else the log is loaded again - without the file lock when
-  the record vouches for it, under the lock otherwise (no record, another boot's, damage). A read that
-  starts after any process's acknowledgement sees it (the record was written before it), and no read
-  sees a batch before its ``fdatasync`` returned (the record moves after it). Freshness never depends on
-  a local writer: a reader waits at most for one commit's ``_io_lock``, never for a flock wait.
+  taken in (durable: no torn tail to judge), else the log is loaded again without the file lock. A read
+  that starts after any process's acknowledgement sees it (the record was written before it), and no
+  read sees a batch before its ``fdatasync`` returned (the record moves after it). While the record
+  vouches for the log, a reader takes no flock and waits at most for one commit's ``_io_lock``. It takes
+  the flock only where bytes the record does not vouch for must be judged (only recovery under the lock
+  may): when the lock-free load cannot tell (no record, another boot's, another file, damage the record
+  does not name, a log that disagrees: ``_refresh_under_lock``, waiting up to ``lock_timeout``, also
+  behind a local commit's flock wait); when a read finds frames past the record (a dead writer's, to be
+  taken in as the next append would: ``_settle_if_free``, one try, never waiting, skipped while a local
+  commit is in flight); and when the index disagrees with the log (``_verify_and_rebuild``: a rescan,
+  waiting up to ``lock_timeout``).
 - An index entry that disagrees with the log is never served: the log is rescanned under the lock and
   the index rewritten. A bad frame inside the acknowledged region is ``Corrupted(path, offset)``: reads
   before it work, appends stop.

@@ -20,7 +20,7 @@ import secrets
 import threading
 from collections.abc import Callable, Iterator
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ...core.errors import Corrupted, Io, LogstoreError, Timeout, Unavailable
 from ...core.ids import is_valid_id
@@ -30,9 +30,6 @@ from ..log.conversation import CommitInfo
 from ..log.tail import nothing_after
 from .codec import Entry, Session
 
-if TYPE_CHECKING:
-    from .site import SiteManifest
-
 __all__ = [
     "new_session",
     "end_session",
@@ -40,9 +37,36 @@ __all__ = [
     "log_may_differ",
     "logs_under",
     "Reconciliation",
+    "SweptIndex",
 ]
 
 log = logging.getLogger("logstore")
+
+
+class SweptIndex(Protocol):
+    """What the sweep needs of the index it reconciles (``site.SiteManifest`` is the one): defined here, so
+    that this module, below ``site``, imports nothing from it while the sweep still calls back into it."""
+
+    @property
+    def ops(self) -> FileOps: ...
+    @property
+    def data_dir(self) -> str: ...
+    @property
+    def site(self) -> str: ...
+
+    def entry(self, cid: str) -> Entry | None: ...
+
+    def reconciled(self, cid: str, probed: Entry, info: CommitInfo | None, log_path: str) -> None:
+        """Take in what recovery says of ``cid``'s log (``probed``: the entry it was compared with)."""
+
+    def sweep_ids(self) -> Iterator[str]:
+        """Every conversation the index knows now."""
+
+    def open_conversation(self, cid: str) -> CommitInfo | None:
+        """Open ``cid`` (recovery runs if its log needs it): what its log holds, None if no items."""
+
+    def close_sessions(self, dead: set[Session]) -> None:
+        """The sweep is done: make its records durable, then close the crashed sessions."""
 
 
 def _start_ticks(pid: int) -> int | None:
@@ -128,7 +152,7 @@ class Reconciliation:
     crashed session, damage, or a manifest of an older release); ``touch`` reconciles a conversation
     ahead of it."""
 
-    def __init__(self, manifest: SiteManifest, dead: set[Session]) -> None:
+    def __init__(self, manifest: SweptIndex, dead: set[Session]) -> None:
         self._manifest = manifest
         self._dead = dead
         self._paths = layout.log_path_function(manifest.data_dir, manifest.site)
@@ -144,7 +168,7 @@ class Reconciliation:
     @classmethod
     def start_if_needed(
         cls,
-        manifest: SiteManifest,
+        manifest: SweptIndex,
         sessions: set[Session],
         *,
         damaged: bool,
