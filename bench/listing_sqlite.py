@@ -10,14 +10,15 @@ the pages are checked against the order the data implies (``expected_ids``).
 - open: a fresh process per variant and round (alternating) times constructing the index + the first
   ``list(50)`` and reports its RSS, then the p50 of ``list(50)`` from the top and from a keyset cursor at
   the middle (a deep page).
-- commit CPU (``time.thread_time``, rotating order in each round, in this process), for two streams of
-  commits: "one" conversation (as P1-cpu: its pages stay cached) and "spread" over the whole site (each
-  commit another conversation: SQLite's default 2 MB page cache misses). The manifest's
-  ``record_commit`` (journal record; ``NoSyncOps``, as P1-cpu) vs one SQLite upsert committed on its own
-  (the design: visible to other processes when the append is acknowledged; WAL auto-checkpoints run in
-  the committing thread, so they count) vs the same with auto-checkpoint off (checkpointed untimed after
-  each round: the floor if checkpoints moved to a background thread) vs upserts committed 100 at a time
-  (cheaper, but an acknowledged append stays invisible to other processes until its batch commits).
+- commit CPU (``time.thread_time``, variants rotating in each round, in this process), for commits to
+  "one" conversation (as P1-cpu: its pages stay cached) and "spread" over the site (SQLite's 2 MB page
+  cache misses): the manifest's ``record_commit`` (journal record; ``NoSyncOps``, as P1-cpu) vs one
+  SQLite upsert committed on its own (the design: visible to other processes when the append is
+  acknowledged; WAL auto-checkpoints run in the committing thread, so they count) vs the same with
+  auto-checkpoint off (checkpointed untimed after each round: checkpoints in a background thread) vs 100
+  upserts a transaction (an acknowledged append stays invisible to others until its batch commits).
+  The manifest's compaction (a background thread, so not in its commit figure) is timed once a round
+  and spread over the commit records that fill a journal to ``COMPACT_THRESHOLD``.
 - visible: a child process records one commit and says so; this process lists at once and looks for it
   (for the batched variant: while the child's transaction is still open).
 - disk: bytes of the manifest directory vs the database + its -wal/-shm after the build.
@@ -44,12 +45,12 @@ from logstore.core.models import ConversationListing, ConversationSummary, micro
 from logstore.file import layout
 from logstore.file.fileio import OS_FILE_OPS, FileOps, NoSyncOps
 from logstore.file.log.writer import CommitInfo
-from logstore.file.manifest.codec import Entry
-from logstore.file.manifest.site import SiteManifest
+from logstore.file.manifest.codec import Entry, encode_record
+from logstore.file.manifest.site import COMPACT_THRESHOLD, SiteManifest
 from logstore.file.manifest.snapshot import encode_snapshot
 
 from .config import scratch_dir
-from .stats import fig, p50, peak_rss_mb, rss_mb
+from .stats import fig, p50, rss_mb
 
 __all__ = ["measure", "main", "FIELDS", "expected_ids"]
 
@@ -60,7 +61,7 @@ BATCH = 100  # upserts per transaction in the batched variant
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIELDS = (  # every figure the JSON result holds (tests/test_bench_listing_sqlite.py checks them)
     "conversations", "open_s", "rss_mb", "list_top_p50_ms", "list_deep_p50_ms", "commit_cpu_us",
-    "disk_mb", "visible", "pages_match", "load", "sqlite_plan",
+    "disk_mb", "visible", "pages_match", "load", "sqlite_plan", "compact_cpu_s", "compact_per_commit_us",
 )  # fmt: skip
 CPU_KINDS = ("manifest", "sqlite", "sqlite-bgckpt", "sqlite-batched")
 STREAMS = ("one", "spread")  # commits to one conversation (P1-cpu's case), or each to another
@@ -197,7 +198,6 @@ def measure_open(kind: str, path: str, n: int, calls: int) -> dict:
     return {
         "open_s": open_s,
         "rss_mb": rss_mb(),
-        "peak_rss_mb": peak_rss_mb(),
         "list_top_p50_ms": p50(top) * 1e3,
         "list_deep_p50_ms": p50(middle) * 1e3,
         "pages": [
@@ -294,12 +294,8 @@ def visible(kind: str, path: str, n: int, seq: int) -> bool:
     assert proc.stdout is not None and proc.stdin is not None
     acked = proc.stdout.readline().strip() == "acked"
     top = lister(None, 1).conversations
-    seen = (
-        acked
-        and bool(top)
-        and top[0].conversation_id == cid
-        and top[0].last_appended_at == micros_to_datetime(at)
-    )
+    listed = [(s.conversation_id, s.last_appended_at) for s in top]
+    seen = acked and listed == [(cid, micros_to_datetime(at))]
     proc.stdin.write("commit\n")
     proc.stdin.flush()
     proc.wait()
@@ -324,7 +320,7 @@ def measure(n: int, runs: int, calls: int, commits_per_round: int, tmp_root: str
             result["load"]["open"].append(os.getloadavg()[0])
             for kind in ("manifest", "sqlite") if r % 2 == 0 else ("sqlite", "manifest"):
                 opened[kind].append(_child(["--measure-open", kind, paths[kind], str(n), str(calls)]))
-        for key in ("open_s", "rss_mb", "peak_rss_mb", "list_top_p50_ms", "list_deep_p50_ms"):
+        for key in ("open_s", "rss_mb", "list_top_p50_ms", "list_deep_p50_ms"):
             result[key] = {kind: [o[key] for o in opened[kind]] for kind in opened}
         pages = [list(islice(expected_ids(n), 50)), list(islice(expected_ids(n, n // 2), 50))]
         cursors = [n > 50, len(list(islice(expected_ids(n, n // 2), 51))) > 50]
@@ -332,9 +328,6 @@ def measure(n: int, runs: int, calls: int, commits_per_round: int, tmp_root: str
             o["pages"] == pages and o["cursor"] == cursors for k in opened for o in opened[k]
         )
         result.update(commit_rounds(data_dir, db, n, runs, commits_per_round))
-        result["disk_after_commits_mb"] = {
-            "manifest": disk_mb(layout.manifest_dir(data_dir, SITE)), "sqlite": disk_mb(db),
-        }  # fmt: skip
         kinds = ("manifest", "sqlite", "sqlite-batched")
         result["visible"] = {
             kind: visible(kind, paths[kind.split("-")[0]], n, 10**6 + k) for k, kind in enumerate(kinds)
@@ -347,7 +340,7 @@ def commit_rounds(data_dir: str, db: str, n: int, runs: int, count: int) -> dict
     """CPU per commit record of every variant and stream, ``runs`` rounds, the order of the variants
     rotating (the same machine for all)."""
     cpu: dict[str, dict[str, list[float]]] = {stream: {kind: [] for kind in CPU_KINDS} for stream in STREAMS}
-    loads = []
+    loads, compact = [], []
     manifest = open_manifest(data_dir, NoSyncOps())
     manifest.ensure_loaded()
     manifest.begin_writes()
@@ -362,10 +355,20 @@ def commit_rounds(data_dir: str, db: str, n: int, runs: int, count: int) -> dict
             else:
                 link = quiet if kind == "sqlite-bgckpt" else conn
                 cpu[stream][kind].append(sqlite_cpu(link, commits, count, BATCH if "batched" in kind else 1))
+        t0 = time.thread_time()
+        manifest.compact()  # what the compactor thread does every COMPACT_THRESHOLD bytes of journal
+        compact.append(time.thread_time() - t0)
     manifest.close()
     conn.close()
     quiet.close()
-    return {"commit_cpu_us": cpu, "load_cpu": loads}
+    per_record = len(encode_record(row(0)[0], Entry(*row(0)[1:])))
+    amortized = [s * 1e6 * per_record / COMPACT_THRESHOLD for s in compact]
+    return {
+        "commit_cpu_us": cpu,
+        "load_cpu": loads,
+        "compact_cpu_s": compact,
+        "compact_per_commit_us": amortized,
+    }
 
 
 def _fmt(samples: list[float]) -> str:
@@ -386,7 +389,6 @@ def table(result: dict) -> str:
     for key, label in (
         ("open_s", "open + first page, s (<= 2)"),
         ("rss_mb", "RSS after open + paging, MB (<= 200)"),
-        ("peak_rss_mb", "peak RSS, MB"),
         ("list_top_p50_ms", "list(50) p50 first page, ms (<= 1)"),
         ("list_deep_p50_ms", "list(50) p50 deep keyset page, ms (<= 1)"),
     ):
@@ -401,10 +403,11 @@ def table(result: dict) -> str:
         for kind in ("sqlite", "sqlite-bgckpt"):
             delta = [s - m for s, m in zip(cpu[kind], cpu["manifest"], strict=True)]
             lines.append(line(f"  {kind} - manifest, same round (<= +2)", "", _fmt(delta)))
-    for key, label in (("disk_mb", "after the build"), ("disk_after_commits_mb", "after the commits")):
-        lines.append(
-            line(f"on disk {label}, MB", f"{result[key]['manifest']:.1f}", f"{result[key]['sqlite']:.1f}")
-        )
+    label = f"manifest compaction every {COMPACT_THRESHOLD >> 20} MB of journal, CPU s"
+    lines.append(line(label, _fmt(result["compact_cpu_s"]), "", _load(result["load_cpu"])))
+    lines.append(line("  the same per commit record, us", _fmt(result["compact_per_commit_us"]), ""))
+    disk = result["disk_mb"]
+    lines.append(line("on disk after the build, MB", f"{disk['manifest']:.1f}", f"{disk['sqlite']:.1f}"))
     vis = result["visible"]
     batched = f"{vis['sqlite']} (batched: {vis['sqlite-batched']})"
     lines.append(line("other process's commit listed at once", str(vis["manifest"]), batched))

@@ -47,6 +47,7 @@ def test_measure_reports_every_figure_and_pages_match(tmp_path: Path) -> None:
         assert {k: len(v) for k, v in result["commit_cpu_us"][stream].items()} == kinds, stream
     assert "USING INDEX by_recent" in result["sqlite_plan"] and "TEMP B-TREE" not in result["sqlite_plan"]
     assert len(result["load"]["open"]) == 2 and len(result["load_cpu"]) == 2
+    assert len(result["compact_cpu_s"]) == len(result["compact_per_commit_us"]) == 2
     assert list(tmp_path.iterdir()) == []  # the scratch directory is removed
 
 
