@@ -300,7 +300,13 @@ class PostgresStore:
             if self._closed:
                 return
             self._closed = True
-        self._pool.close()
+        # psycopg_pool joins each maintenance thread for up to ``timeout`` (default 5 s each): a worker
+        # opening a connection to a slow or silent database held a SIGINT'd server 4-10 s (issue 22 §2).
+        # Not waiting is safe: those threads (daemons) only open, replace and discard idle connections and
+        # run no statement of ours; every acknowledged append had committed before its call returned;
+        # idle connections are closed below whatever the timeout, one in use when it is returned, and
+        # one a worker opens after this is closed by the pool as it arrives.
+        self._pool.close(timeout=0.5)
         self._watchdog.stop()
 
     # ------------------------------------------------------------------ internals
