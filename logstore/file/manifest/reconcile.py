@@ -18,12 +18,11 @@ import logging
 import os
 import secrets
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import partial
 from typing import Protocol
 
 from ...core.errors import Corrupted, Io, LogstoreError, Timeout, Unavailable
-from ...core.ids import is_valid_id
 from .. import boot, layout
 from ..fileio import FileOps
 from ..log.conversation import CommitInfo
@@ -35,7 +34,6 @@ __all__ = [
     "end_session",
     "is_alive",
     "log_may_differ",
-    "logs_under",
     "Reconciliation",
     "SweptIndex",
 ]
@@ -129,22 +127,6 @@ def log_may_differ(ops: FileOps, path: str, entry: Entry) -> bool:
         return not nothing_after(ops, fd, entry.log_size)
     finally:
         ops.close(fd)
-
-
-def logs_under(ops: FileOps, directory: str) -> Iterator[str]:
-    """Conversation ids of the logs below ``directory`` (a damaged snapshot's last resort). Through
-    ``FileOps.listdir``, not ``os.walk``: os.walk skips a directory it cannot read without a word, which
-    here would drop its conversations from the listing for good; a failing read must raise (Io)."""
-    try:
-        names = ops.listdir(directory)
-    except FileNotFoundError:
-        return
-    for name in names:
-        cid = name.removesuffix(layout.LOG_SUFFIX)
-        if cid != name and is_valid_id(cid):
-            yield cid
-        elif "." not in name:  # a fan-out directory (conversation files all have an extension)
-            yield from logs_under(ops, os.path.join(directory, name))
 
 
 class Reconciliation:
