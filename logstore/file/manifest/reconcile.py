@@ -18,7 +18,7 @@ import logging
 import os
 import secrets
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Protocol
 
