@@ -19,13 +19,21 @@ from hypothesis import strategies as st
 
 from logstore import (
     BatchTooLarge,
+    Corrupted,
     EmptyBatch,
     InvalidArgument,
     InvalidConversationId,
     PayloadTooLarge,
     Unreadable,
 )
-from logstore.core.batch import PreparedBatch, _shallow, decode_item, encode_item, prepare_batch
+from logstore.core.batch import (
+    PreparedBatch,
+    _shallow,
+    decode_item,
+    decode_stored,
+    encode_item,
+    prepare_batch,
+)
 from logstore.core.ids import is_valid_site, validate_conversation_id, validate_site
 from logstore.core.limits import MAX_INT_DIGITS, MAX_PAYLOAD_DEPTH
 
@@ -246,6 +254,20 @@ def test_decode_item():
         decode_item(b'{"a":', seq=0)
 
 
+def test_stored_bytes_that_are_not_json_are_corrupted_where_the_backend_keeps_them():
+    assert decode_stored(b'{"a":1}', seq=3, path="p", offset=9) == {"a": 1}
+    with pytest.raises(Corrupted) as info:
+        decode_stored(b'{"a":', seq=3, path="logstore_items/s/c", offset=3)
+    err = info.value
+    assert (err.path, err.offset, err.retryable) == ("logstore_items/s/c", 3, False)
+    assert err.details() == {"offset": 3} and "item 3 is not JSON" in err.message
+    assert isinstance(err.__cause__, msgspec.DecodeError)
+    with pytest.raises(Unreadable):  # JSON no client could parse stays Unreadable, not Corrupted
+        decode_stored(
+            b"[" * (MAX_PAYLOAD_DEPTH + 1) + b"]" * (MAX_PAYLOAD_DEPTH + 1), seq=0, path="p", offset=0
+        )
+
+
 def test_read_side_shortcut_decides_from_bytes_alone():
     def alternating(depth: int) -> dict[str, Any]:  # {"d": {"k": [{"k": ...}]}}: a pass strips two levels
         value: Any = []
@@ -268,13 +290,13 @@ def test_read_side_shortcut_decides_from_bytes_alone():
 
 def store_unchecked(store, site, cid, items):
     """Append the way versions before the payload rules did: plain msgspec encoding, no checks."""
-    import logstore.file.store
+    import logstore.core.arguments
 
     def old_prepare_batch(batch):
         return PreparedBatch(tuple(msgspec.json.encode(item) for item in batch))
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(logstore.file.store, "prepare_batch", old_prepare_batch)
+        patch.setattr(logstore.core.arguments, "prepare_batch", old_prepare_batch)
         return store.append(site, cid, items)
 
 

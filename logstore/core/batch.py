@@ -36,10 +36,10 @@ from typing import Any, NoReturn
 
 import msgspec
 
-from .errors import BatchTooLarge, EmptyBatch, InvalidArgument, PayloadTooLarge, Unreadable
+from .errors import BatchTooLarge, Corrupted, EmptyBatch, InvalidArgument, PayloadTooLarge, Unreadable
 from .limits import MAX_BATCH_BYTES, MAX_BATCH_ITEMS, MAX_INT_DIGITS, MAX_ITEM_BYTES, MAX_PAYLOAD_DEPTH
 
-__all__ = ["PreparedBatch", "prepare_batch", "encode_item", "decode_item"]
+__all__ = ["PreparedBatch", "prepare_batch", "encode_item", "decode_item", "decode_stored"]
 
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
@@ -274,6 +274,18 @@ def decode_item(raw: bytes, *, seq: int) -> Any:
     if not _shallow(raw) and _check(payload, strings=False) is not None:  # decoded JSON breaks no other rule
         raise _unreadable(seq, "TooDeep", _TOO_DEEP)
     return payload
+
+
+def decode_stored(raw: bytes, *, seq: int, path: str, offset: int) -> Any:
+    """``decode_item`` of an item read back from a backend's storage. Bytes that are not JSON at all were
+    written wrong, not rotted (every backend stores only ``prepare_batch``'s output, and the file engine's
+    CRC has already passed): ``Corrupted`` at ``offset`` of ``path`` (where the backend keeps the item)."""
+    try:
+        return decode_item(raw, seq=seq)  # or Unreadable
+    except msgspec.DecodeError as exc:
+        raise Corrupted(
+            f"stored item {seq} is not JSON ({path}, offset {offset})", path=path, offset=offset
+        ) from exc
 
 
 def _shallow(raw: bytes) -> bool:

@@ -58,13 +58,7 @@ def check_imported(batch: ImportedBatch) -> ImportedBatch:
     if batch.first_seq < 0:
         raise InvalidArgument(f"first_seq must be >= 0, got {batch.first_seq}", field="first_seq")
     if batch.next_seq > MAX_CONVERSATION_ITEMS:
-        raise ConversationFull(
-            f"conversation holds {batch.first_seq} items; importing {count} would pass the limit of "
-            f"{MAX_CONVERSATION_ITEMS}",
-            stored=batch.first_seq,
-            requested=count,
-            limit=MAX_CONVERSATION_ITEMS,
-        )
+        raise ConversationFull.past_limit(stored=batch.first_seq, requested=count, importing=True)
     for index, raw in enumerate(batch.items):
         check_item_size(index, len(raw))
     check_batch_size(sum(map(len, batch.items)))

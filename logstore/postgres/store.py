@@ -24,16 +24,14 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-import msgspec
 import psycopg
 import psycopg_pool
 
-from ..core.arguments import list_args, recall_args, replay_args
-from ..core.batch import decode_item, prepare_batch
+from ..core.arguments import append_args, import_args, list_args, recall_args, replay_args
+from ..core.batch import decode_stored
 from ..core.cursor import BEFORE_ALL, CursorCodec, CursorKey
-from ..core.errors import ConversationFull, Corrupted, Unavailable
-from ..core.ids import validate_conversation_id, validate_site
-from ..core.imported import ImportedBatch, check_imported, import_refusal
+from ..core.errors import ConversationFull, Unavailable
+from ..core.imported import ImportedBatch, import_refusal
 from ..core.limits import DEFAULT_LIST_LIMIT, DEFAULT_RECALL_COUNT, MAX_CONVERSATION_ITEMS, MAX_READ_COUNT
 from ..core.models import (
     ConversationListing,
@@ -200,9 +198,8 @@ class PostgresStore:
     # ------------------------------------------------------------------ public API
     def append(self, site: str, conversation_id: str, items: Sequence[dict[str, Any]]) -> SeqRange:
         """Append one batch atomically; returns its seq range once PostgreSQL has committed it."""
-        site = validate_site(site)
-        conversation_id = validate_conversation_id(conversation_id)
-        payloads = list(prepare_batch(items).items)
+        site, conversation_id, batch = append_args(site, conversation_id, items)
+        payloads = list(batch.items)
         n = len(payloads)
 
         def run(conn: psycopg.Connection) -> SeqRange:
@@ -219,13 +216,7 @@ class PostgresStore:
             if row is None:  # the limit refused the update: nothing was written
                 stored = conn.execute(_STORED, (site, conversation_id)).fetchone()
                 count = stored[0] if stored else 0
-                raise ConversationFull(
-                    f"conversation holds {count} items; appending {n} would pass the limit of "
-                    f"{MAX_CONVERSATION_ITEMS}",
-                    stored=count,
-                    requested=n,
-                    limit=MAX_CONVERSATION_ITEMS,
-                )
+                raise ConversationFull.past_limit(stored=count, requested=n)
             return SeqRange(row[0] - n, row[0] - 1)
 
         return self._run(run, writing=True)
@@ -234,9 +225,7 @@ class PostgresStore:
         """``logstore migrate``: append items copied verbatim from another store at the seq and time they
         had there, in one statement (``core.imported``: refused unless ``batch.first_seq`` is the next seq
         and its time is not before the conversation's last)."""
-        site = validate_site(site)
-        conversation_id = validate_conversation_id(conversation_id)
-        batch = check_imported(batch)
+        site, conversation_id, batch = import_args(site, conversation_id, batch)
         params = {
             "site": site,
             "cid": conversation_id,
@@ -376,17 +365,11 @@ class PostgresStore:
 
     @staticmethod
     def _items(site: str, conversation_id: str, rows: list[tuple[Any, ...]]) -> list[MemoryItem]:
-        out = []
-        for seq, recorded_at, payload in rows:
-            try:
-                out.append(MemoryItem(seq, recorded_at, decode_item(payload, seq=seq)))  # or Unreadable
-            except msgspec.DecodeError as exc:  # only this backend writes the table, always valid JSON
-                raise Corrupted(
-                    f"stored item {seq} of {site}/{conversation_id} is not JSON",
-                    path=f"logstore_items/{site}/{conversation_id}",
-                    offset=seq,
-                ) from exc
-        return out
+        path = f"logstore_items/{site}/{conversation_id}"  # the item's offset there is its seq
+        return [
+            MemoryItem(seq, recorded_at, decode_stored(payload, seq=seq, path=path, offset=seq))
+            for seq, recorded_at, payload in rows
+        ]
 
 
 def _has_input(conn: psycopg.Connection) -> bool:
