@@ -111,6 +111,13 @@ WHERE site = %s AND last_appended_at <= %s AND (last_appended_at < %s OR convers
 ORDER BY last_appended_at DESC, conversation_id LIMIT %s"""
 
 
+def _now_us() -> int | None:
+    """The time that stamps an append's ``recorded_at``, in microseconds since the epoch; None (always, in
+    production): the database's ``statement_timestamp()``. Tests replace this function (monkeypatch) to
+    steer the clock, as they do the file engine's ``file.log.conversation._now_us``."""
+    return None
+
+
 class PostgresStore:
     """Thread-safe; one connection pool. ``lock_timeout``/``statement_timeout`` bound each statement in
     the database (-> ``Timeout``), ``pool_timeout`` the wait for a connection (-> ``Unavailable``), and
@@ -142,9 +149,6 @@ class PostgresStore:
             f"{int(lock_timeout * 1000)}ms",
             f"{int(self.settings.statement_timeout * 1000)}ms",
         )
-        # Test seam: microseconds since the epoch replacing the database clock for recorded_at (the
-        # contract suite steers it to check that recorded_at never decreases); None in production.
-        self.clock: Callable[[], int] | None = None
         self._watchdog = Watchdog("logstore-pg-deadlines")
         self._pool = psycopg_pool.ConnectionPool(
             libpq,
@@ -203,7 +207,8 @@ class PostgresStore:
         n = len(payloads)
 
         def run(conn: psycopg.Connection) -> SeqRange:
-            now = None if self.clock is None else micros_to_datetime(self.clock())
+            clock = _now_us()
+            now = None if clock is None else micros_to_datetime(clock)
             params = {
                 "site": site,
                 "cid": conversation_id,
