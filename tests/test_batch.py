@@ -29,13 +29,14 @@ from logstore import (
 from logstore.core.batch import (
     PreparedBatch,
     _shallow,
+    conversation_full,
     decode_item,
     decode_stored,
     encode_item,
     prepare_batch,
 )
 from logstore.core.ids import is_valid_site, validate_conversation_id, validate_site
-from logstore.core.limits import MAX_INT_DIGITS, MAX_PAYLOAD_DEPTH
+from logstore.core.limits import MAX_CONVERSATION_ITEMS, MAX_INT_DIGITS, MAX_PAYLOAD_DEPTH
 
 
 def test_item_size_is_compact_json_bytes():
@@ -364,3 +365,11 @@ def test_read_side_depth_check_is_exact(inner, extra, wraps, tail, siblings):
     else:
         with pytest.raises(Unreadable):
             decode_item(raw, seq=7)
+
+
+def test_conversation_full_says_what_is_stored_and_asked_for():
+    err = conversation_full(stored=99_999, requested=2)
+    assert err.details() == {"stored": 99_999, "requested": 2, "limit": MAX_CONVERSATION_ITEMS}
+    assert err.message == "conversation holds 99999 items; appending 2 would pass the limit of 100000"
+    imported = conversation_full(stored=5, requested=1, importing=True)
+    assert imported.message == "conversation holds 5 items; importing 1 would pass the limit of 100000"

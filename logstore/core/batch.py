@@ -36,10 +36,35 @@ from typing import Any, NoReturn
 
 import msgspec
 
-from .errors import BatchTooLarge, Corrupted, EmptyBatch, InvalidArgument, PayloadTooLarge, Unreadable
-from .limits import MAX_BATCH_BYTES, MAX_BATCH_ITEMS, MAX_INT_DIGITS, MAX_ITEM_BYTES, MAX_PAYLOAD_DEPTH
+from .errors import (
+    BatchTooLarge,
+    ConversationFull,
+    Corrupted,
+    EmptyBatch,
+    InvalidArgument,
+    PayloadTooLarge,
+    Unreadable,
+)
+from .limits import (
+    MAX_BATCH_BYTES,
+    MAX_BATCH_ITEMS,
+    MAX_CONVERSATION_ITEMS,
+    MAX_INT_DIGITS,
+    MAX_ITEM_BYTES,
+    MAX_PAYLOAD_DEPTH,
+)
 
-__all__ = ["PreparedBatch", "prepare_batch", "encode_item", "decode_item", "decode_stored"]
+__all__ = [
+    "PreparedBatch",
+    "prepare_batch",
+    "encode_item",
+    "decode_item",
+    "decode_stored",
+    "check_batch_count",
+    "check_item_size",
+    "check_batch_size",
+    "conversation_full",
+]
 
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
@@ -362,3 +387,17 @@ def check_batch_size(total: int) -> None:
             size=total,
             limit=MAX_BATCH_BYTES,
         )
+
+
+def conversation_full(*, stored: int, requested: int, importing: bool = False) -> ConversationFull:
+    """The refusal of ``requested`` more items (imported ones if ``importing``) in a conversation holding
+    ``stored``, past ``MAX_CONVERSATION_ITEMS``: every backend's, so that all of them say it alike. (Not
+    a classmethod of ``ConversationFull``: errors.py imports nothing, being loaded with ``logstore``.)"""
+    verb = "importing" if importing else "appending"
+    return ConversationFull(
+        f"conversation holds {stored} items; {verb} {requested} would pass the limit of "
+        f"{MAX_CONVERSATION_ITEMS}",
+        stored=stored,
+        requested=requested,
+        limit=MAX_CONVERSATION_ITEMS,
+    )

@@ -22,8 +22,6 @@ tool errors by ``.code`` in one place. ``.retryable`` is True only for Unavailab
 
 from __future__ import annotations
 
-from .limits import MAX_CONVERSATION_ITEMS
-
 __all__ = [
     "LogstoreError",
     "InvalidArgument",
@@ -127,19 +125,6 @@ class ConversationFull(LogstoreError):
     def __init__(self, message: str, *, stored: int, requested: int, limit: int) -> None:
         super().__init__(message)
         self.stored, self.requested, self.limit = stored, requested, limit
-
-    @classmethod
-    def past_limit(cls, *, stored: int, requested: int, importing: bool = False) -> ConversationFull:
-        """The refusal of ``requested`` more items (imported ones if ``importing``) in a conversation
-        holding ``stored``: every backend's, so that all of them say it alike."""
-        verb = "importing" if importing else "appending"
-        return cls(
-            f"conversation holds {stored} items; {verb} {requested} would pass the limit of "
-            f"{MAX_CONVERSATION_ITEMS}",
-            stored=stored,
-            requested=requested,
-            limit=MAX_CONVERSATION_ITEMS,
-        )
 
     def details(self) -> dict[str, object]:
         return {"stored": self.stored, "requested": self.requested, "limit": self.limit}

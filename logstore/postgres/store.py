@@ -28,9 +28,9 @@ import psycopg
 import psycopg_pool
 
 from ..core.arguments import append_args, import_args, list_args, recall_args, replay_args
-from ..core.batch import decode_stored
+from ..core.batch import conversation_full, decode_stored
 from ..core.cursor import BEFORE_ALL, CursorCodec, CursorKey
-from ..core.errors import ConversationFull, Unavailable
+from ..core.errors import Unavailable
 from ..core.imported import ImportedBatch, import_refusal
 from ..core.limits import DEFAULT_LIST_LIMIT, DEFAULT_RECALL_COUNT, MAX_CONVERSATION_ITEMS, MAX_READ_COUNT
 from ..core.models import (
@@ -221,7 +221,7 @@ class PostgresStore:
             if row is None:  # the limit refused the update: nothing was written
                 stored = conn.execute(_STORED, (site, conversation_id)).fetchone()
                 count = stored[0] if stored else 0
-                raise ConversationFull.past_limit(stored=count, requested=n)
+                raise conversation_full(stored=count, requested=n)
             return SeqRange(row[0] - n, row[0] - 1)
 
         return self._run(run, writing=True)
