@@ -17,6 +17,7 @@ import pytest
 import logstore.postgres.store as pg_store
 from logstore.core.errors import (
     ConversationFull,
+    Corrupted,
     EmptyBatch,
     InvalidArgument,
     InvalidConversationId,
@@ -141,6 +142,15 @@ def test_conversation_full_is_enforced_inside_the_transaction(pg, url):
     )
     with pytest.raises(ConversationFull):
         pg.append(SITE, CID, [{"a": 5}])
+
+
+def test_a_stored_row_that_is_not_json_is_corrupted_at_its_seq(pg, url):
+    pg.append(SITE, CID, [{"a": 0}, {"a": 1}])
+    _rows(url, "UPDATE logstore_items SET payload = %s WHERE seq = 1 RETURNING 1", (b'{"a":',))
+    assert [i.payload for i in pg.replay(SITE, CID, 0, 1)] == [{"a": 0}]  # the rows before it still read
+    with pytest.raises(Corrupted) as info:
+        pg.recall(SITE, CID, 2)
+    assert (info.value.path, info.value.offset) == (f"logstore_items/{SITE}/{CID}", 1)
 
 
 def test_listing_order_pages_and_cursors(pg, monkeypatch):

@@ -59,7 +59,7 @@ __all__ = [
     "prepare_batch",
     "encode_item",
     "decode_item",
-    "decode_stored",
+    "stored_not_json",
     "check_batch_count",
     "check_item_size",
     "check_batch_size",
@@ -301,16 +301,13 @@ def decode_item(raw: bytes, *, seq: int) -> Any:
     return payload
 
 
-def decode_stored(raw: bytes, *, seq: int, path: str, offset: int) -> Any:
-    """``decode_item`` of an item read back from a backend's storage. Bytes that are not JSON at all were
-    written wrong, not rotted (every backend stores only ``prepare_batch``'s output, and the file engine's
-    CRC has already passed): ``Corrupted`` at ``offset`` of ``path`` (where the backend keeps the item)."""
-    try:
-        return decode_item(raw, seq=seq)  # or Unreadable
-    except msgspec.DecodeError as exc:
-        raise Corrupted(
-            f"stored item {seq} is not JSON ({path}, offset {offset})", path=path, offset=offset
-        ) from exc
+def stored_not_json(seq: int, *, path: str, offset: int) -> Corrupted:
+    """What every backend raises when ``decode_item`` finds that stored item ``seq`` is not JSON at all
+    (``msgspec.DecodeError``): written wrong, not rotted (a backend stores only ``prepare_batch``'s output,
+    and the file engine's CRC has passed), so ``Corrupted`` at ``offset`` of ``path``, where the backend
+    keeps it. Only the error is shared: the caller's own ``try`` keeps the read path a call shorter
+    (~0.2 us an item)."""
+    return Corrupted(f"stored item {seq} is not JSON ({path}, offset {offset})", path=path, offset=offset)
 
 
 def _shallow(raw: bytes) -> bool:

@@ -24,11 +24,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+import msgspec
 import psycopg
 import psycopg_pool
 
 from ..core.arguments import append_args, import_args, list_args, recall_args, replay_args
-from ..core.batch import conversation_full, decode_stored
+from ..core.batch import conversation_full, decode_item, stored_not_json
 from ..core.cursor import BEFORE_ALL, CursorCodec, CursorKey
 from ..core.errors import Unavailable
 from ..core.imported import ImportedBatch, import_refusal
@@ -85,18 +86,24 @@ _IMPORT_ITEMS = """, batch AS (
     FROM conv, unnest(%(payloads)b::bytea[]) WITH ORDINALITY AS item(payload, ord)
 )
 SELECT next_seq FROM conv"""
-_IMPORT_FIRST = """WITH conv AS (
+_IMPORT_FIRST = (
+    """WITH conv AS (
     INSERT INTO logstore_conversations (site, conversation_id, next_seq, created_at, last_appended_at)
     VALUES (%(site)s, %(cid)s, %(next)s, %(at)s, %(at)s)
     ON CONFLICT (site, conversation_id) DO NOTHING
     RETURNING next_seq
-)""" + _IMPORT_ITEMS
-_IMPORT_NEXT = """WITH conv AS (
+)"""
+    + _IMPORT_ITEMS
+)
+_IMPORT_NEXT = (
+    """WITH conv AS (
     UPDATE logstore_conversations SET next_seq = %(next)s, last_appended_at = %(at)s
     WHERE site = %(site)s AND conversation_id = %(cid)s AND next_seq = %(first)s
         AND last_appended_at <= %(at)s
     RETURNING next_seq
-)""" + _IMPORT_ITEMS
+)"""
+    + _IMPORT_ITEMS
+)
 _STORED = "SELECT next_seq FROM logstore_conversations WHERE site = %s AND conversation_id = %s"
 _STATE = """SELECT next_seq, last_appended_at FROM logstore_conversations
 WHERE site = %s AND conversation_id = %s"""
@@ -370,11 +377,15 @@ class PostgresStore:
 
     @staticmethod
     def _items(site: str, conversation_id: str, rows: list[tuple[Any, ...]]) -> list[MemoryItem]:
-        path = f"logstore_items/{site}/{conversation_id}"  # the item's offset there is its seq
-        return [
-            MemoryItem(seq, recorded_at, decode_stored(payload, seq=seq, path=path, offset=seq))
-            for seq, recorded_at, payload in rows
-        ]
+        out = []
+        for seq, recorded_at, payload in rows:
+            try:
+                out.append(MemoryItem(seq, recorded_at, decode_item(payload, seq=seq)))  # or Unreadable
+            except msgspec.DecodeError as exc:  # the item's offset in the table is its seq
+                raise stored_not_json(
+                    seq, path=f"logstore_items/{site}/{conversation_id}", offset=seq
+                ) from exc
+        return out
 
 
 def _has_input(conn: psycopg.Connection) -> bool:
