@@ -1,93 +1,29 @@
 """P1-P3 and the batch/item size sweep: append throughput of ``Store.append`` against same-run ceilings.
 
 Every round runs the engine and its baselines back to back (in a rotating order), so each paired ratio
-compares two measurements taken a second apart on the same disk. A conversation holds at most 100,000
-items: writers move to a fresh conversation when the next batch would not fit (the cost of creating a
-conversation, a few fsyncs, is then part of the figure, as it is in production).
+compares two measurements taken a second apart on the same disk. The engine's writers are ``writers``
+(in this process) and ``procs`` (in worker processes, P2).
 """
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Callable
-from typing import Any
 
 from logstore import Store
-from logstore.core.limits import MAX_CONVERSATION_ITEMS
 
 from .baselines import frame_bytes, prealloc_fdatasync, raw_fdatasync, sqlite_wal
 from .config import Profile, item_bytes, make_items
 from .procs import WriterProcesses
-from .stats import Goal, Row, fig, paired_ratio, run_threads
+from .stats import Goal, Row, fig, paired_ratio
+from .writers import engine_appends
 
-__all__ = ["engine_appends", "engine_run", "measure_appends", "measure_sweep", "SITE"]
+__all__ = ["measure_appends", "measure_sweep"]
 
-SITE = "bench"
 BATCH_SIZES = (1, 10, 100, 250)
 ITEM_SIZES = (100, 4096, 65536)
 _DEFAULT_ITEM = 200
 _DEFAULT_BATCH = 10
 _SWEEP_GOALS = {(250, _DEFAULT_ITEM): Goal(">=", 0.80, ">= 0.80x raw, same bytes")}  # S-b250 (issue 12)
-
-
-class _Rotator:
-    """Hands out conversation ids so that no conversation passes the item limit."""
-
-    def __init__(self, prefix: str, batch: int) -> None:
-        self._prefix = prefix
-        self._batch = batch
-        self._lock = threading.Lock()
-        self._gen = 0
-        self._used = 0
-
-    def reserve(self) -> str:
-        with self._lock:
-            if self._used + self._batch > MAX_CONVERSATION_ITEMS:
-                self._gen += 1
-                self._used = 0
-            self._used += self._batch
-            return f"{self._prefix}-{self._gen:04d}"
-
-
-_run_counter = [0]
-
-
-def engine_appends(
-    store: Store, items: list[dict[str, Any]], threads: int, duration: float, *, shared: bool = False
-) -> float:
-    """Batches/s of ``threads`` writers: each on its own conversation, or all on one if ``shared``."""
-    count, elapsed = engine_run(store, items, threads, duration, shared=shared)
-    return count / elapsed
-
-
-def engine_run(
-    store: Store,
-    items: list[dict[str, Any]],
-    threads: int,
-    duration: float,
-    *,
-    shared: bool = False,
-    prefix: str = "",
-    start_at: float | None = None,
-) -> tuple[int, float]:
-    """(batches, seconds) of ``engine_appends``. ``prefix`` keeps the conversations of writer processes
-    apart; ``start_at`` (``time.time()``) holds the timed start until then, so that processes start
-    together."""
-    _run_counter[0] += 1
-    tag = f"{prefix}run{_run_counter[0]:05d}"
-    common = _Rotator(f"{tag}-shared", len(items))
-
-    def setup(i: int) -> Callable[[], object]:
-        rot = common if shared else _Rotator(f"{tag}-w{i:02d}", len(items))
-        store.append(SITE, rot.reserve(), items)  # untimed: creates the conversation
-        if start_at is not None:
-            time.sleep(max(0.0, start_at - time.time()))
-        return lambda: store.append(SITE, rot.reserve(), items)
-
-    return run_threads(threads, setup, duration)
-
-
 PROCESSES = 2  # P2: the issue's 16 writers as 2 processes x 8 threads
 
 

@@ -1,7 +1,7 @@
 """Hostile-load figures for docs/SECURITY.md (by hand, never in the default tests; loopback only).
 
     python -m bench.hostile wrongpw  [--src DIR]   # a correct new client's first call under a password flood
-        [--flood-addr spread:256] [--stale] [--workers N]   # the two shapes of issue 22 (see cmd_wrongpw)
+        [--flood-addr spread:256] [--stale] [--workers N]   # the two shapes of issue 22 (hostile_flood)
     python -m bench.hostile bodies   [--src DIR]   # peak RSS and /healthz stalls under 12 maximum-size bodies
     python -m bench.hostile mixed --workers N      # 64 clients, mixed tools: calls/s, p50/p99, errors, RSS
     python -m bench.hostile sessions [--src DIR]   # one site opening many legacy sessions; another site after
@@ -10,314 +10,39 @@
 Each scenario starts its own ``logstore serve`` on 127.0.0.1 with a fresh data dir and prints one JSON line.
 ``--src DIR`` runs the server from another source tree (e.g. ``git archive <commit>`` unpacked), which is
 how the before/after pairs are measured on the same machine in the same hour. Every loop is bounded in
-count and time.
+count and time. The server harness and request shapes are ``hostile_server``; the wrongpw scenario is
+``hostile_flood``; the others are here.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import contextlib
 import json
 import multiprocessing
-import os
 import random
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
-import urllib.request
-import uuid
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx2
 
-REPO = Path(__file__).resolve().parent.parent
-MODERN = "2026-07-28"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _add_site(src: Path, data_dir: str, site: str, password: str) -> None:
-    subprocess.run(
-        [sys.executable, "-m", "tools.cli", "site", "add", site, "--password-stdin", "--data-dir", data_dir],
-        input=password,
-        text=True,
-        check=True,
-        capture_output=True,
-        cwd=src,
-        env={**os.environ, "PYTHONPATH": str(src)},
-    )
-
-
-def _tree_pids(pid: int) -> list[int]:
-    pids = [pid]
-    for p in pids:
-        for task in Path(f"/proc/{p}/task").glob("*"):
-            with contextlib.suppress(OSError):
-                pids += [int(c) for c in (task / "children").read_text().split()]
-    return pids
-
-
-def _status_kib(pid: int, field: str) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
-def rss_mib(pid: int) -> float:
-    return sum(_status_kib(p, "VmRSS") for p in _tree_pids(pid)) / 1024
-
-
-def peak_rss_mib(pid: int) -> float:
-    """Sum over the server's processes of each one's high-water RSS (VmHWM)."""
-    return sum(_status_kib(p, "VmHWM") for p in _tree_pids(pid)) / 1024
-
-
-@contextlib.contextmanager
-def server(
-    src: Path, sites: dict[str, str], *, workers: int = 1, env: dict[str, str] | None = None
-) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    with tempfile.TemporaryDirectory(prefix="hostile-") as data_dir:
-        for site, password in sites.items():
-            _add_site(src, data_dir, site, password)
-        port = _free_port()
-        log = open(os.path.join(data_dir, "serve.log"), "wb")  # noqa: SIM115 - closed below
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tools.cli", "serve", "--data-dir", data_dir, "--port", str(port)]
-            + ["--workers", str(workers), "--log-level", "warning"],
-            cwd=src,
-            env={**os.environ, "PYTHONPATH": str(src), **(env or {})},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        base = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    with urllib.request.urlopen(base + "/healthz", timeout=1):
-                        break
-                except OSError:
-                    if time.monotonic() > deadline or proc.poll() is not None:
-                        raise RuntimeError("server did not start") from None
-                    time.sleep(0.1)
-            yield base, proc
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            log.close()
-            lines = Path(data_dir, "serve.log").read_bytes().count(b"\n")
-            print(f"# server log: {lines} lines", file=sys.stderr)
-
-
-def basic(site: str, password: str) -> str:
-    return "Basic " + base64.b64encode(f"{site}:{password}".encode()).decode()
-
-
-def modern_headers(authorization: str, tool: str) -> dict[str, str]:
-    return {
-        "Authorization": authorization,
-        "Content-Type": "application/json",
-        "Accept": "application/json, text/event-stream",
-        "MCP-Protocol-Version": MODERN,
-        "Mcp-Method": "tools/call",
-        "Mcp-Name": tool,
-    }
-
-
-def tool_call(tool: str, arguments: dict[str, Any], request_id: int = 1) -> dict[str, Any]:
-    meta = {
-        "io.modelcontextprotocol/protocolVersion": MODERN,
-        "io.modelcontextprotocol/clientCapabilities": {},
-    }
-    return {
-        "jsonrpc": "2.0",
-        "id": request_id,
-        "method": "tools/call",
-        "params": {"name": tool, "arguments": arguments, "_meta": meta},
-    }
-
-
-def _outcome(r: httpx2.Response) -> str:
-    if r.status_code != 200:
-        return f"http-{r.status_code}"
-    body = r.json()
-    if "error" in body:
-        return f"rpc-{body['error']['code']}"
-    if body["result"].get("isError"):
-        return json.loads(body["result"]["content"][0]["text"])["error"]["code"]
-    return "ok"
-
-
-# --- wrong-password flood ------------------------------------------------------------------------
-
-
-def flood_addresses(spec: str) -> list[str]:
-    """``127.0.0.2`` (one address) or ``spread:N`` (N loopback addresses 127.0.150.1, 127.0.150.2, ...)."""
-    if spec.startswith("spread:"):
-        n = int(spec.split(":")[1])
-        return [f"127.0.{150 + i // 250}.{1 + i % 250}" for i in range(n)]
-    return [spec]
-
-
-async def _flood(
-    base: str, sites: list[str], spec: str, clients: int, stop: asyncio.Event, codes: Counter, *, stale: bool
-) -> None:
-    """``clients`` concurrent request loops over ``sites``: a fresh wrong password each time (no cache can
-    answer it), or with ``stale`` the same wrong password per site every time (a misconfigured agent)."""
-    addresses = flood_addresses(spec)
-    body = tool_call("recall_memory", {"conversation_id": "conversation-1"})
-    turn = iter(range(10**9))
-
-    async def one(http: httpx2.AsyncClient) -> None:
-        for _ in range(100_000):  # bounded; ends on stop
-            if stop.is_set():
-                return
-            site = sites[next(turn) % len(sites)]
-            auth = basic(site, "stale-" + site if stale else uuid.uuid4().hex)
-            try:
-                r = await http.post(base + "/mcp", json=body, headers=modern_headers(auth, "recall_memory"))
-                codes[f"http-{r.status_code}"] += 1
-            except httpx2.HTTPError as exc:
-                codes[type(exc).__name__] += 1
-                await asyncio.sleep(0.05)
-
-    async with contextlib.AsyncExitStack() as stack:
-        https = []
-        for k, addr in enumerate(addresses):
-            n = clients // len(addresses) + (1 if k < clients % len(addresses) else 0)
-            if n:
-                limits = httpx2.Limits(max_connections=n, max_keepalive_connections=n)
-                # verify=False: plain http, and loading the CA bundle 256 times would take seconds.
-                transport = httpx2.AsyncHTTPTransport(local_address=addr, limits=limits, verify=False)
-                http = await stack.enter_async_context(httpx2.AsyncClient(transport=transport, timeout=60))
-                https += [http] * n
-        await asyncio.gather(*(one(http) for http in https))
-
-
-async def _first_call(base: str, site: str, password: str, local_address: str = "127.0.0.1") -> float:
-    body = tool_call("recall_memory", {"conversation_id": "conversation-1"})
-    transport = httpx2.AsyncHTTPTransport(local_address=local_address)
-    async with httpx2.AsyncClient(transport=transport, timeout=120) as http:
-        start = time.perf_counter()
-        r = await http.post(
-            base + "/mcp", json=body, headers=modern_headers(basic(site, password), "recall_memory")
-        )
-        elapsed = time.perf_counter() - start
-    return elapsed if _outcome(r) == "ok" else -r.status_code  # negative: refused (its HTTP status)
-
-
-def _flood_process(
-    base: str, sites: list[str], addr: str, clients: int, stale: bool, ready: Any, done: Any, out: Any
-) -> None:
-    async def main() -> dict[str, int]:
-        stop, codes = asyncio.Event(), Counter()
-
-        async def watch() -> None:
-            await asyncio.to_thread(done.wait, 300)  # bounded: the flood never outlives 5 minutes
-            stop.set()
-
-        async def full() -> None:
-            for _ in range(6000):  # bounded: 60 s
-                if codes.total() >= 2 * clients:  # every loop is past its first round trip
-                    break
-                await asyncio.sleep(0.01)
-            ready.set()
-
-        watcher = asyncio.create_task(watch())
-        _ready = asyncio.create_task(full())
-        await _flood(base, sites, addr, clients, stop, codes, stale=stale)
-        await watcher
-        return dict(codes)
-
-    out.put(asyncio.run(main()))
-
-
-async def _wrongpw(
-    base: str, sites: dict[str, str], flood: int, flood_addr: str, samples: int, stale: bool, same_site: bool
-) -> dict[str, Any]:
-    names = list(sites)
-    idle = [await _first_call(base, s, sites[s]) for s in names[:samples]]
-    # The flood runs in its own process, so that its client-side work does not delay the timed client.
-    # Fresh passwords go to a site of their own; stale ones to the timed clients' sites, from their address.
-    flooded, client_addr = (names[samples : 2 * samples], flood_addr) if stale else (["flooded"], "127.0.0.1")
-    if same_site and not stale:  # fresh wrong passwords aimed at the timed clients' own sites
-        flooded = names[samples : 2 * samples]
-    ctx = multiprocessing.get_context("spawn")
-    out, ready, done = ctx.Queue(), ctx.Event(), ctx.Event()
-    args = (base, flooded, flood_addr, flood, stale, ready, done, out)
-    proc = ctx.Process(target=_flood_process, args=args)
-    proc.start()
-    await asyncio.to_thread(ready.wait, 90)  # the flood is at full strength
-    started = time.monotonic()
-    loaded = []
-    for s in names[samples : 2 * samples]:
-        loaded.append(await _first_call(base, s, sites[s], client_addr))
-        await asyncio.sleep(1.0)
-    flood_seconds = time.monotonic() - started
-    served = [x for x in loaded if x > 0]
-    done.set()
-    codes = await asyncio.to_thread(out.get, True, 120)
-    proc.join()
-    return {
-        "idle_first_call_ms": [round(x * 1000, 1) for x in idle],
-        "flooded_first_call_ms": [round(x * 1000, 1) if x > 0 else f"HTTP {-x:.0f}" for x in loaded],
-        "flooded_median_ms": round(statistics.median(served) * 1000, 1) if served else None,
-        "flooded_max_ms": round(max(served) * 1000, 1) if served else None,
-        "refused": len(loaded) - len(served),
-        "flood_responses": codes,
-        "flooded_for_s": round(flood_seconds, 1),
-    }
-
-
-def cmd_wrongpw(args: argparse.Namespace) -> None:
-    sites = {f"client{i}": f"pw-{i}" for i in range(2 * args.samples)} | {"flooded": "right"}
-    with server(args.src, sites, workers=args.workers) as (base, _proc):
-        out = asyncio.run(
-            _wrongpw(base, sites, args.flood, args.flood_addr, args.samples, args.stale, args.same_site)
-        )
-    out.update(
-        scenario="wrongpw",
-        flood=args.flood,
-        flood_addr=args.flood_addr,
-        stale=args.stale,
-        same_site=args.same_site,
-        workers=args.workers,
-        src=str(args.src),
-    )
-    print(json.dumps(out))
-
-
-INIT = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-11-25",
-        "capabilities": {},
-        "clientInfo": {"name": "h", "version": "0"},
-    },
-}
-
+from .hostile_flood import cmd_wrongpw
+from .hostile_server import (
+    INIT,
+    REPO,
+    basic,
+    modern_headers,
+    outcome,
+    peak_rss_mib,
+    rss_mib,
+    server,
+    tool_call,
+)
 
 # --- maximum-size hostile bodies -----------------------------------------------------------------
 
@@ -384,7 +109,7 @@ async def _bodies(base: str, size: int, parallel: int, pid: int, era: str) -> di
         elapsed = time.perf_counter() - start
         done.set()
         await prober
-    codes = Counter(_outcome(r) if isinstance(r, httpx2.Response) else type(r).__name__ for r in results)
+    codes = Counter(outcome(r) if isinstance(r, httpx2.Response) else type(r).__name__ for r in results)
     return {
         "body_bytes": size,
         "parallel": parallel,
@@ -520,7 +245,7 @@ async def _mixed_clients(base: str, clients: int, seconds: float, seed: int) -> 
                         json=tool_call(tool, _arguments(tool, cid), n),
                         headers=modern_headers(auth, tool),
                     )
-                    codes[_outcome(r)] += 1
+                    codes[outcome(r)] += 1
                 except httpx2.HTTPError as exc:
                     codes[type(exc).__name__] += 1
                 latencies.append(time.perf_counter() - start)

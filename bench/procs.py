@@ -19,6 +19,8 @@ from typing import Any
 
 from logstore import Store
 
+from .writers import engine_run
+
 __all__ = ["WriterProcesses"]
 
 _START_MARGIN = 1.0  # seconds from dispatch to the common start: store open + conversation creation
@@ -28,8 +30,6 @@ def _run(
     directory: str, proc: int, items: list[dict[str, Any]], threads: int, duration: float, start_at: float
 ) -> tuple[int, float, float]:
     """(batches, wall-clock start, wall-clock end) of one process's round."""
-    from .appends import engine_run  # imported in the worker: appends imports this module
-
     with Store(directory) as store:
         prefix = f"p{os.getpid()}-{proc}-"
         count, elapsed = engine_run(store, items, threads, duration, prefix=prefix, start_at=start_at)

@@ -431,6 +431,11 @@ class FaultFS(FileOps):
             self._begin("listdir", path)
         return super().listdir(path)
 
+    def scandir(self, path: str) -> list[os.DirEntry[str]]:
+        with self._mutex:
+            self._begin("scandir", path)
+        return super().scandir(path)
+
     def stat_size(self, path: str) -> int | None:
         with self._mutex:
             self._begin("stat_size", path)

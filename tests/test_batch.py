@@ -25,9 +25,17 @@ from logstore import (
     PayloadTooLarge,
     Unreadable,
 )
-from logstore.core.batch import PreparedBatch, _shallow, decode_item, encode_item, prepare_batch
+from logstore.core.batch import (
+    PreparedBatch,
+    _shallow,
+    conversation_full,
+    decode_item,
+    encode_item,
+    prepare_batch,
+    stored_not_json,
+)
 from logstore.core.ids import is_valid_site, validate_conversation_id, validate_site
-from logstore.core.limits import MAX_INT_DIGITS, MAX_PAYLOAD_DEPTH
+from logstore.core.limits import MAX_CONVERSATION_ITEMS, MAX_INT_DIGITS, MAX_PAYLOAD_DEPTH
 
 
 def test_item_size_is_compact_json_bytes():
@@ -246,6 +254,12 @@ def test_decode_item():
         decode_item(b'{"a":', seq=0)
 
 
+def test_stored_bytes_that_are_not_json_are_corrupted_where_the_backend_keeps_them():
+    err = stored_not_json(3, path="logstore_items/s/c", offset=3)
+    assert (err.code, err.path, err.offset, err.retryable) == ("Corrupted", "logstore_items/s/c", 3, False)
+    assert err.details() == {"offset": 3} and "item 3 is not JSON" in err.message
+
+
 def test_read_side_shortcut_decides_from_bytes_alone():
     def alternating(depth: int) -> dict[str, Any]:  # {"d": {"k": [{"k": ...}]}}: a pass strips two levels
         value: Any = []
@@ -268,13 +282,13 @@ def test_read_side_shortcut_decides_from_bytes_alone():
 
 def store_unchecked(store, site, cid, items):
     """Append the way versions before the payload rules did: plain msgspec encoding, no checks."""
-    import logstore.file.store
+    import logstore.core.arguments
 
     def old_prepare_batch(batch):
         return PreparedBatch(tuple(msgspec.json.encode(item) for item in batch))
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(logstore.file.store, "prepare_batch", old_prepare_batch)
+        patch.setattr(logstore.core.arguments, "prepare_batch", old_prepare_batch)
         return store.append(site, cid, items)
 
 
@@ -342,3 +356,11 @@ def test_read_side_depth_check_is_exact(inner, extra, wraps, tail, siblings):
     else:
         with pytest.raises(Unreadable):
             decode_item(raw, seq=7)
+
+
+def test_conversation_full_says_what_is_stored_and_asked_for():
+    err = conversation_full(stored=99_999, requested=2)
+    assert err.details() == {"stored": 99_999, "requested": 2, "limit": MAX_CONVERSATION_ITEMS}
+    assert err.message == "conversation holds 99999 items; appending 2 would pass the limit of 100000"
+    imported = conversation_full(stored=5, requested=1, importing=True)
+    assert imported.message == "conversation holds 5 items; importing 1 would pass the limit of 100000"

@@ -4,15 +4,18 @@ Before: an 18-line ``UndefinedTable`` traceback (serve before ``db migrate``), `
 psycopg_pool`` (no postgres extra), a site ``local`` created in a new database (then blocking ``migrate``),
 ``schema version 0`` without the command, argparse's ``unrecognized arguments: --store`` from fsck,
 ``no log for conversation`` for a data dir that does not exist, ``File exists`` for a data dir that is a
-file, a raw ``[Errno 13]`` for ``export --out``, "is the data dir writable" for a backup destination.
+file, a raw ``[Errno 13]`` for ``export --out``, "is the data dir writable" for a backup destination,
+"written by an older release" from ``serve --stdio`` on a new data dir.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 
 from logstore.postgres.registry import PostgresRegistry
+from tests.helpers import initialize_body
 from tests.postgres_support import fresh_url
 from tests.server_support import REPO, free_port, logstore_cmd
 
@@ -126,3 +129,43 @@ def test_migrate_onto_a_database_with_its_own_local_site_says_how_to_make_way(po
     assert logstore("site", "add", "local", "--data-dir", data).returncode == 0
     moved = logstore("migrate", "--from", f"file:{data}", "--to", url)
     assert moved.returncode == 3 and "logstore site remove local --store TARGET" in one_line(moved)
+
+
+def _stdio_session(data_dir: str) -> str:
+    """One ``serve --stdio`` session that appends once (its reply read before stdin closes, so the site
+    was opened); the server's stderr."""
+    proc = subprocess.Popen(
+        [*logstore_cmd(), "serve", "--stdio", "--data-dir", data_dir, "--site", "alpha"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    append = {"name": "append_memory", "arguments": {"conversation_id": "stdio-conv-1", "items": [{}]}}
+    for message in (
+        initialize_body(),
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": append},
+    ):
+        proc.stdin.write(json.dumps(message) + "\n")
+        proc.stdin.flush()
+        if "id" in message:
+            reply = json.loads(proc.stdout.readline())
+            assert reply["id"] == message["id"] and "error" not in reply, reply
+            assert not reply["result"].get("isError", False), reply
+    _, stderr = proc.communicate(timeout=120)  # closes stdin: the session ends
+    assert proc.returncode == 0 and "Traceback" not in stderr, stderr
+    return stderr
+
+
+def test_serve_stdio_on_a_new_data_dir_does_not_blame_an_older_release(tmp_path):
+    """Issue 22 §3: a brand-new data dir logged "written by an older release"; the reconciliation a new
+    site's missing manifest starts now says why it runs, and a clean reopen starts none."""
+    data = str(tmp_path / "new")
+    first = _stdio_session(data)
+    assert "manifest for site alpha: no manifest yet (a new site" in first, first
+    assert "older release" not in first, first
+    again = _stdio_session(data)
+    assert "reconciling" not in again, again

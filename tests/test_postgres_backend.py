@@ -14,8 +14,10 @@ import psycopg.errors
 import psycopg_pool
 import pytest
 
+import logstore.postgres.store as pg_store
 from logstore.core.errors import (
     ConversationFull,
+    Corrupted,
     EmptyBatch,
     InvalidArgument,
     InvalidConversationId,
@@ -88,16 +90,16 @@ def test_reopen_continues_seqs_and_payloads_are_verbatim(url):
     assert bytes(raw) == stored.encode()
 
 
-def test_recorded_at_never_decreases_when_the_clock_steps_back(pg):
+def test_recorded_at_never_decreases_when_the_clock_steps_back(pg, monkeypatch):
     now = datetime_to_micros(datetime.now(UTC))
-    pg.clock = lambda: now
+    monkeypatch.setattr(pg_store, "_now_us", lambda: now)
     first = pg.append(SITE, CID, [{"a": 1}])
-    pg.clock = lambda: now - 60_000_000  # a minute back
+    monkeypatch.setattr(pg_store, "_now_us", lambda: now - 60_000_000)  # a minute back
     pg.append(SITE, CID, [{"a": 2}, {"a": 3}])
     items = pg.replay(SITE, CID)
     assert first == SeqRange(0, 0)
     assert [datetime_to_micros(i.recorded_at) for i in items] == [now, now, now]
-    pg.clock = None
+    monkeypatch.setattr(pg_store, "_now_us", lambda: None)  # the database's clock again
     pg.append(SITE, CID, [{"a": 4}])
     assert pg.recall(SITE, CID, 1)[0].recorded_at >= items[-1].recorded_at
 
@@ -142,13 +144,22 @@ def test_conversation_full_is_enforced_inside_the_transaction(pg, url):
         pg.append(SITE, CID, [{"a": 5}])
 
 
-def test_listing_order_pages_and_cursors(pg):
+def test_a_stored_row_that_is_not_json_is_corrupted_at_its_seq(pg, url):
+    pg.append(SITE, CID, [{"a": 0}, {"a": 1}])
+    _rows(url, "UPDATE logstore_items SET payload = %s WHERE seq = 1 RETURNING 1", (b'{"a":',))
+    assert [i.payload for i in pg.replay(SITE, CID, 0, 1)] == [{"a": 0}]  # the rows before it still read
+    with pytest.raises(Corrupted) as info:
+        pg.recall(SITE, CID, 2)
+    assert (info.value.path, info.value.offset) == (f"logstore_items/{SITE}/{CID}", 1)
+
+
+def test_listing_order_pages_and_cursors(pg, monkeypatch):
     now = datetime_to_micros(datetime.now(UTC))
     # Three conversations at one instant (ties by ascending id, code point order: "B" < "a"), one later.
-    pg.clock = lambda: now
+    monkeypatch.setattr(pg_store, "_now_us", lambda: now)
     for cid in ("conv-aaaa", "conv-BBBB", "conv-cccc"):
         pg.append(SITE, cid, [{"a": 1}])
-    pg.clock = lambda: now + 5
+    monkeypatch.setattr(pg_store, "_now_us", lambda: now + 5)
     pg.append(SITE, "conv-dddd", [{"a": 1}])
     pg.append("elsewhere", "conv-eeee", [{"a": 1}])
     expected = ["conv-dddd", "conv-BBBB", "conv-aaaa", "conv-cccc"]
@@ -331,8 +342,6 @@ def test_concurrent_appends_from_several_pools_stay_gapless(url):
 
 def test_serialization_failures_are_retried(url, monkeypatch):
     serializable = url + "%20-cdefault_transaction_isolation%3Dserializable"
-    import logstore.postgres.store as pg_store
-
     seen = []
     real = pg_store.is_serialization_failure
     monkeypatch.setattr(pg_store, "is_serialization_failure", lambda exc: seen.append(exc) or real(exc))

@@ -30,6 +30,7 @@ from logstore.core.errors import Unavailable
 from logstore.file.fileio import FileOps
 from logstore.file.layout import conversation_paths
 from logstore.file.log.commit_point import invalidate
+from logstore.file.log.frame import PREFIX_SIZE
 from logstore.file.log.group_commit import ReaderGuard
 from logstore.file.manifest.site import SiteManifest
 from tests.faultfs import FaultFS, materialize
@@ -171,7 +172,7 @@ def test_a_reader_racing_close_gets_unavailable_and_leaves_no_descriptor_open(tm
         # the conversation until it has closed the descriptors.
         assert guard.closing.wait(30), "close() never reached the descriptors"
 
-    ops.target, ops.hook = (0, conv._state.end), close_while_reading
+    ops.target, ops.hook = (0, conv._state.end + PREFIX_SIZE), close_while_reading  # the read + a look past
     with pytest.raises(Unavailable):
         store.recall(SITE, CID, 10)  # the zeros disagree with the index: it rescans, after close()
     assert ops.hook is None, "the race was not set up"

@@ -112,3 +112,32 @@ def test_first_valid_frame_after(tmp_path):
         assert first_valid_frame_after(OS_FILE_OPS, fd, len(data), len(data) + 10) is None
     finally:
         os.close(fd)
+
+
+def frame_at(data: bytes, seq: int, recorded_at: int) -> bytes:
+    return data + encode_frame(
+        first_seq=seq,
+        count=1,
+        recorded_at=recorded_at,
+        write_start=len(data),
+        encoded_items=encode_items([b"{}"]),
+    )
+
+
+@pytest.mark.parametrize("tail", [b"", b"\0" * 100, b"garbage!" * 9])
+def test_a_scan_continued_from_its_end_is_the_whole_scan(tmp_path, tail):
+    head = frame_at(frame_at(b"", 0, 2000), 1, 1000)  # a timestamp regression in each part
+    data = frame_at(frame_at(head, 2, 500), 3, 600) + tail
+    whole = scan_bytes(tmp_path, data)
+    first = scan_bytes(tmp_path, data, file_size=len(head))  # as a scan made before the last two appends
+    assert (first.state, first.end, len(first.timestamp_regressions)) == (ScanState.CLEAN, len(head), 1)
+    rest = scan_bytes(
+        tmp_path,
+        data,
+        start=first.end,
+        expected_seq=first.next_seq,
+        last_recorded_at=first.last_recorded_at,
+        last_version=first.last_version,
+    )
+    assert first.continued_by(rest) == whole
+    assert len(whole.frames) == 4 and len(whole.timestamp_regressions) == 3  # 1000, 500, 600 < 2000

@@ -356,7 +356,7 @@ def test_regression_discovery_after_a_damaged_snapshot_goes_through_fileops(tmp_
         f.seek(12)
         f.write(b"\xff")  # the snapshot no longer verifies: rebuild from the logs
     hash_dir = os.path.dirname(conversation_paths(data, SITE_A, cids[1]).directory)
-    fs = FaultFS(root, fault=_fail({"listdir"}, path=hash_dir))
+    fs = FaultFS(root, fault=_fail({"scandir"}, path=hash_dir))
     with Store(data, file_ops=fs) as store:
         with pytest.raises(Io):
             store.list_conversations(SITE_A)

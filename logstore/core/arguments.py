@@ -1,13 +1,33 @@
-"""Validation of the read calls' arguments, shared by every backend (the append batch's rules are in
-batch.py): each returns the validated values or raises the spec's error, before any storage is touched."""
+"""Validation of every engine call's arguments, shared by every backend (the append batch's own rules are
+in batch.py, an imported batch's in imported.py): each returns the validated values or raises the spec's
+error, before any storage is touched."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
+from .batch import PreparedBatch, prepare_batch
 from .errors import InvalidArgument
 from .ids import validate_conversation_id, validate_site
+from .imported import ImportedBatch, check_imported
 from .limits import MAX_READ_COUNT
 
-__all__ = ["check_count", "recall_args", "replay_args", "list_args"]
+__all__ = ["append_args", "import_args", "check_count", "recall_args", "replay_args", "list_args"]
+
+
+def append_args(
+    site: object, conversation_id: object, items: Sequence[Any]
+) -> tuple[str, str, PreparedBatch]:
+    """The site, the id, then the batch (validated and encoded: ``prepare_batch``), in that order."""
+    return validate_site(site), validate_conversation_id(conversation_id), prepare_batch(items)
+
+
+def import_args(
+    site: object, conversation_id: object, batch: ImportedBatch
+) -> tuple[str, str, ImportedBatch]:
+    """``append_args`` for ``logstore migrate``'s verbatim batches (``imported.check_imported``)."""
+    return validate_site(site), validate_conversation_id(conversation_id), check_imported(batch)
 
 
 def check_count(name: str, value: object, maximum: int = MAX_READ_COUNT) -> int:

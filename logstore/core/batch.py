@@ -36,10 +36,35 @@ from typing import Any, NoReturn
 
 import msgspec
 
-from .errors import BatchTooLarge, EmptyBatch, InvalidArgument, PayloadTooLarge, Unreadable
-from .limits import MAX_BATCH_BYTES, MAX_BATCH_ITEMS, MAX_INT_DIGITS, MAX_ITEM_BYTES, MAX_PAYLOAD_DEPTH
+from .errors import (
+    BatchTooLarge,
+    ConversationFull,
+    Corrupted,
+    EmptyBatch,
+    InvalidArgument,
+    PayloadTooLarge,
+    Unreadable,
+)
+from .limits import (
+    MAX_BATCH_BYTES,
+    MAX_BATCH_ITEMS,
+    MAX_CONVERSATION_ITEMS,
+    MAX_INT_DIGITS,
+    MAX_ITEM_BYTES,
+    MAX_PAYLOAD_DEPTH,
+)
 
-__all__ = ["PreparedBatch", "prepare_batch", "encode_item", "decode_item"]
+__all__ = [
+    "PreparedBatch",
+    "prepare_batch",
+    "encode_item",
+    "decode_item",
+    "stored_not_json",
+    "check_batch_count",
+    "check_item_size",
+    "check_batch_size",
+    "conversation_full",
+]
 
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
@@ -276,6 +301,15 @@ def decode_item(raw: bytes, *, seq: int) -> Any:
     return payload
 
 
+def stored_not_json(seq: int, *, path: str, offset: int) -> Corrupted:
+    """What every backend raises when ``decode_item`` finds that stored item ``seq`` is not JSON at all
+    (``msgspec.DecodeError``): written wrong, not rotted (a backend stores only ``prepare_batch``'s output,
+    and the file engine's CRC has passed), so ``Corrupted`` at ``offset`` of ``path``, where the backend
+    keeps it. Only the error is shared: the caller's own ``try`` keeps the read path a call shorter
+    (~0.2 us an item)."""
+    return Corrupted(f"stored item {seq} is not JSON ({path}, offset {offset})", path=path, offset=offset)
+
+
 def _shallow(raw: bytes) -> bool:
     """True if the JSON text ``raw`` is surely nested at most ``MAX_PAYLOAD_DEPTH`` levels; False means
     "walk the decoded payload". Only C loops over bytes, a fraction of decoding (the walk costs several
@@ -350,3 +384,17 @@ def check_batch_size(total: int) -> None:
             size=total,
             limit=MAX_BATCH_BYTES,
         )
+
+
+def conversation_full(*, stored: int, requested: int, importing: bool = False) -> ConversationFull:
+    """The refusal of ``requested`` more items (imported ones if ``importing``) in a conversation holding
+    ``stored``, past ``MAX_CONVERSATION_ITEMS``: every backend's, so that all of them say it alike. (Not
+    a classmethod of ``ConversationFull``: errors.py imports nothing, being loaded with ``logstore``.)"""
+    verb = "importing" if importing else "appending"
+    return ConversationFull(
+        f"conversation holds {stored} items; {verb} {requested} would pass the limit of "
+        f"{MAX_CONVERSATION_ITEMS}",
+        stored=stored,
+        requested=requested,
+        limit=MAX_CONVERSATION_ITEMS,
+    )

@@ -1,5 +1,7 @@
 """The site registry: which sites exist and their password hashes, kept by the backend next to its data
 (the file engine: ``logstore.file.credentials``), so a future backend keeps its sites where its data is.
+``RegistryEdits`` holds the rules of changing it (which name is valid, what exists or not, what a new
+or re-hashed entry holds); a backend subclasses it and only stores the entries.
 
 Passwords are never stored: each entry holds an scrypt hash with its own salt and parameters, so the cost
 can be raised later without invalidating old entries. Hashing lives here, backend-neutral, because every
@@ -13,14 +15,18 @@ import hashlib
 import hmac
 import os
 import secrets
-from collections.abc import Hashable
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Hashable
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from .ids import validate_site
 from .models import rfc3339
 
 __all__ = [
     "SiteRegistry",
+    "RegistryEdits",
+    "SiteEntry",
     "SiteExists",
     "UnknownSite",
     "generate_password",
@@ -70,6 +76,49 @@ class SiteRegistry(Protocol):
     def remove(self, site: str) -> None:
         """Raises UnknownSite."""
         ...
+
+
+SiteEntry = dict[str, Any]
+
+
+class RegistryEdits(ABC):
+    """``add / import_entry / set_password / remove`` of a ``SiteRegistry``, the same in every backend;
+    the subclass stores the change, atomically, and reports whether the site was (or was not) there."""
+
+    def add(self, site: str, password: str) -> None:
+        """Raises SiteExists."""
+        # The name is checked before the password is hashed (~60 ms).
+        self.import_entry(validate_site(site), new_entry(password))
+
+    def import_entry(self, site: str, entry: SiteEntry) -> None:
+        """``logstore migrate``: add a site with an entry copied from another registry as it is (the
+        scrypt hash: the password is never needed). Raises SiteExists."""
+        if not self._insert(validate_site(site), dict(entry)):
+            raise SiteExists(site)
+
+    def set_password(self, site: str, password: str) -> None:
+        """A new hash over the entry; its other fields (``created_at``) are kept. Raises UnknownSite."""
+        new = hash_password(password)
+        if not self._change(site, lambda entry: {**entry, **new}):
+            raise UnknownSite(site)
+
+    def remove(self, site: str) -> None:
+        """Raises UnknownSite."""
+        if not self._delete(site):
+            raise UnknownSite(site)
+
+    @abstractmethod
+    def _insert(self, site: str, entry: SiteEntry) -> bool:
+        """Store ``entry`` for ``site`` unless the site exists: then change nothing and return False."""
+
+    @abstractmethod
+    def _change(self, site: str, change: Callable[[SiteEntry], SiteEntry]) -> bool:
+        """Replace ``site``'s entry by ``change(entry)``, read and written in one step (no other edit in
+        between); False, changing nothing, if there is no such site."""
+
+    @abstractmethod
+    def _delete(self, site: str) -> bool:
+        """Remove ``site``'s entry; False if there was none."""
 
 
 def generate_password() -> str:

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from filelock import FileLock
 
-from ..core.ids import validate_site
-from ..core.registry import SiteExists, UnknownSite, hash_password, new_entry
+from ..core.registry import RegistryEdits, SiteEntry
 from . import layout
 from .fileio import FILE_MODE, OS_FILE_OPS
 
@@ -30,7 +29,7 @@ _FORMAT = "logstore-credentials"
 _VERSION = 1
 
 
-class CredentialsFile:
+class CredentialsFile(RegistryEdits):
     """Read and edit ``<data_dir>/credentials.json`` (the file engine's ``SiteRegistry``)."""
 
     def __init__(self, data_dir: str) -> None:
@@ -63,37 +62,34 @@ class CredentialsFile:
     def sites(self) -> list[str]:
         return sorted(self.load())
 
-    # --- writing -----------------------------------------------------------------------------------
+    # --- writing (the rules: ``RegistryEdits``) ----------------------------------------------------
     @contextmanager
-    def _editing(self) -> Iterator[dict[str, dict[str, Any]]]:
+    def _editing(self) -> Iterator[dict[str, SiteEntry]]:
+        """The entries, under the lock; written back if the block changed them and raised nothing."""
         OS_FILE_OPS.makedirs_durable(self.data_dir)
         with FileLock(layout.credentials_lock_path(self.data_dir), mode=FILE_MODE):
             sites = self.load()
+            before = dict(sites)
             yield sites
+            if sites == before:
+                return  # a refused edit leaves the file (and so its identity) as it was
             doc = {"format": _FORMAT, "version": _VERSION, "sites": dict(sorted(sites.items()))}
             OS_FILE_OPS.atomic_write(self.path, (json.dumps(doc, indent=2) + "\n").encode("utf-8"))
 
-    def add(self, site: str, password: str) -> None:
-        validate_site(site)
-        self.import_entry(site, new_entry(password))
-
-    def import_entry(self, site: str, entry: dict[str, Any]) -> None:
-        """``logstore migrate``: add a site with an entry copied from another registry as it is (the
-        scrypt hash: the password is never needed). Raises SiteExists."""
-        validate_site(site)
+    def _insert(self, site: str, entry: SiteEntry) -> bool:
         with self._editing() as sites:
             if site in sites:
-                raise SiteExists(site)
-            sites[site] = dict(entry)
+                return False
+            sites[site] = entry
+        return True
 
-    def set_password(self, site: str, password: str) -> None:
-        entry = hash_password(password)
+    def _change(self, site: str, change: Callable[[SiteEntry], SiteEntry]) -> bool:
         with self._editing() as sites:
             if site not in sites:
-                raise UnknownSite(site)
-            sites[site] = {**sites[site], **entry}
+                return False
+            sites[site] = change(sites[site])
+        return True
 
-    def remove(self, site: str) -> None:
+    def _delete(self, site: str) -> bool:
         with self._editing() as sites:
-            if sites.pop(site, None) is None:
-                raise UnknownSite(site)
+            return sites.pop(site, None) is not None

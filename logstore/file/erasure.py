@@ -188,23 +188,17 @@ def _manifest(ops: FileOps, root: str, site: str) -> SiteManifest:
 def site_conversations(
     data_dir: str | os.PathLike[str], site: str, *, file_ops: FileOps = OS_FILE_OPS
 ) -> list[str]:
-    """Every conversation id that has any file (log, index, saved bytes) under the site, sorted."""
-    root = layout.conversations_dir(os.path.abspath(os.fspath(data_dir)), validate_site(site))
+    """Every conversation id that has any file (log, index, saved bytes) under the site, sorted. Walks
+    the site by the layout's directory rule (``layout.iter_leaves``: what is not a fan-out directory is not
+    entered; ``purge_site`` removes the whole site tree after erasing these anyway)."""
+    root = os.path.abspath(os.fspath(data_dir))
     found: set[str] = set()
-    for d1 in _listdir(file_ops, root):
-        for d2 in _listdir(file_ops, os.path.join(root, d1)):
-            for name in _listdir(file_ops, os.path.join(root, d1, d2)):
-                cid = name.partition(".")[0]
-                if is_valid_id(cid) and not name.endswith(layout.LOCK_SUFFIX):
-                    found.add(cid)
+    for leaf in layout.iter_leaves(file_ops, root, validate_site(site)):
+        for entry in leaf.entries:
+            cid = entry.name.partition(".")[0]
+            if is_valid_id(cid) and not entry.name.endswith(layout.LOCK_SUFFIX):
+                found.add(cid)
     return sorted(found)
-
-
-def _listdir(ops: FileOps, path: str) -> list[str]:
-    try:
-        return ops.listdir(path)
-    except (FileNotFoundError, NotADirectoryError):
-        return []
 
 
 def purge_site(

@@ -16,11 +16,9 @@ from contextlib import contextmanager
 from typing import Any
 
 from ..core import observe
-from ..core.arguments import list_args, recall_args, replay_args
-from ..core.batch import prepare_batch
+from ..core.arguments import append_args, import_args, list_args, recall_args, replay_args
 from ..core.errors import Io, Unavailable
-from ..core.ids import validate_conversation_id, validate_site
-from ..core.imported import ImportedBatch, check_imported
+from ..core.imported import ImportedBatch
 from ..core.limits import DEFAULT_LIST_LIMIT, DEFAULT_RECALL_COUNT, MAX_READ_COUNT
 from ..core.models import ConversationListing, MemoryItem, SeqRange
 from . import layout
@@ -67,9 +65,7 @@ class Store:
     # ------------------------------------------------------------------ public API
     def append(self, site: str, conversation_id: str, items: Sequence[dict[str, Any]]) -> SeqRange:
         """Append one batch atomically; returns its seq range once it is durable (fdatasynced)."""
-        site = validate_site(site)
-        conversation_id = validate_conversation_id(conversation_id)
-        batch = prepare_batch(items)
+        site, conversation_id, batch = append_args(site, conversation_id, items)
         request = AppendRequest(encode_items(batch.items), batch.count)
         # try/finally, not ``_conversation``: a @contextmanager costs ~1.5 us per append (PERFORMANCE.md)
         key, conv = self._checkout(site, conversation_id, writing=True)
@@ -81,9 +77,7 @@ class Store:
     def import_batch(self, site: str, conversation_id: str, batch: ImportedBatch) -> SeqRange:
         """``logstore migrate``: append items copied verbatim from another store at the seq and time they
         had there (``core.imported``: refused unless ``batch.first_seq`` is the next seq)."""
-        site = validate_site(site)
-        conversation_id = validate_conversation_id(conversation_id)
-        batch = check_imported(batch)
+        site, conversation_id, batch = import_args(site, conversation_id, batch)
         request = AppendRequest(encode_items(batch.items), len(batch.items), imported=batch)
         with self._conversation(site, conversation_id) as conv:
             return conv.append(request)

@@ -62,10 +62,8 @@ from .backup_manifest import (
     describe,
     destination_owner,
     digest,
-    log_files,
     read_manifest,
     scan_counting,
-    site_names,
     utc_now,
     verify,
     write_manifest,
@@ -191,7 +189,7 @@ def restore(
     except ValueError:
         marker = None
     resuming = marker is not None and marker.restoring_from == src and marker.store_id == whole.store_id
-    if has_conversations(dst) and not resuming:
+    if has_conversations(dst, file_ops=ops) and not resuming:
         raise InvalidArgument(
             f"data dir {dst} already holds conversations; restore into a new or empty data dir", field="dest"
         )
@@ -235,7 +233,7 @@ def _copy_data_dir(
             if ops.read_file(os.path.join(dst, name)) != data:
                 ops.atomic_write(os.path.join(dst, name), data)
             tree.files[name] = digest(data)
-    plan = {site: dict(_logs(src, site)) for site in site_names(src)}
+    plan = {site: dict(_logs(ops, src, site)) for site in layout.iter_sites(ops, src)}
     tree.sites = sorted(plan)
     total = sum(size for logs in plan.values() for size in logs.values())
     done = 0
@@ -263,25 +261,25 @@ def _copy_data_dir(
             report.removed += _remove_others(ops, dst, site, set(entries))
             _write_manifest(ops, layout.manifest_dir(dst, site), entries)
             report.conversations += len(entries)
-    for site in set(site_names(dst)) - set(plan):  # a site purged from the source
+    for site in set(layout.iter_sites(ops, dst)) - set(plan):  # a site purged from the source
         report.removed += _remove_others(ops, dst, site, set())
         _write_manifest(ops, layout.manifest_dir(dst, site), {})
     return tree
 
 
-def has_conversations(root: str | os.PathLike[str]) -> bool:
+def has_conversations(root: str | os.PathLike[str], *, file_ops: FileOps = OS_FILE_OPS) -> bool:
     """Whether the data dir holds any conversation log (``restore`` refuses to overwrite one)."""
     root = os.path.abspath(os.fspath(root))
-    return any(any(True for _ in log_files(root, site)) for site in site_names(root))
+    sites = layout.iter_sites(file_ops, root)
+    return any(any(True for _ in layout.iter_logs(file_ops, root, site)) for site in sites)
 
 
-def _logs(root: str, site: str) -> Iterator[tuple[str, int]]:
+def _logs(ops: FileOps, root: str, site: str) -> Iterator[tuple[str, int]]:
     """(conversation id, log size) of every log of a site."""
-    for cid, path in log_files(root, site):
-        try:
-            yield cid, os.stat(path).st_size
-        except FileNotFoundError:  # erased meanwhile
-            continue
+    for cid, path in layout.iter_logs(ops, root, site):
+        size = ops.stat_size(path)
+        if size is not None:  # else erased meanwhile
+            yield cid, size
 
 
 @dataclass(frozen=True, slots=True)
@@ -401,7 +399,7 @@ def _write_index(ops: FileOps, dp: ConversationPaths, kept: bytes, new: bytes) -
 def _remove_others(ops: FileOps, dst: str, site: str, keep: set[str]) -> int:
     """Remove the destination's conversations that are not in ``keep`` (erased from the source)."""
     removed = 0
-    for cid, _ in list(_logs(dst, site)):
+    for cid, _ in list(_logs(ops, dst, site)):
         if cid in keep:
             continue
         paths = conversation_paths(dst, site, cid)
@@ -417,7 +415,7 @@ def _write_manifest(ops: FileOps, directory: str, entries: dict[str, Entry]) -> 
     """Replace the destination site's manifest (``directory``) by one snapshot of ``entries`` (a newer
     generation than any file there, then the older files go), after the logs it lists were made durable."""
     ops.makedirs_durable(directory)
-    found = generations(sorted(os.listdir(directory)))
+    found = generations(sorted(ops.listdir(directory)))
     new = max(found.snapshots + found.journals, default=0) + 1
     ops.atomic_write(layout.manifest_file(directory, "snapshot", new), encode_snapshot(entries.items()))
     for kind, gens in (("snapshot", found.snapshots), ("journal", found.journals)):

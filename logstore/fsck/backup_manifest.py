@@ -31,12 +31,10 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.errors import InvalidArgument
-from ..core.ids import is_valid_id, is_valid_site
 from ..file import layout
 from ..file.fileio import FileOps
 from ..file.layout import conversation_paths
@@ -55,8 +53,6 @@ __all__ = [
     "destination_owner",
     "verify",
     "describe",
-    "site_names",
-    "log_files",
     "scan_counting",
 ]
 
@@ -224,9 +220,15 @@ def verify(ops: FileOps, root: str) -> list[Problem]:
         if problem is not None:
             log = conversation_paths(root, site, cid).log
             problems.append(Problem(MISMATCH, log, f"{key}: {problem}", site, cid))
-    for site, cid, log in _logs_present(root):
-        if f"{site}/{cid}" not in manifest.logs:
+    for site in layout.iter_sites(ops, root):
+
+        def extra(cid: str, log: str, site: str = site) -> None:
             problems.append(Problem(MISMATCH, log, f"{site}/{cid}: not in the backup manifest", site, cid))
+
+        # A log in the wrong fan-out directory is one a backup never writes: extra too.
+        for cid, log in layout.iter_logs(ops, root, site, misplaced=extra):
+            if f"{site}/{cid}" not in manifest.logs:
+                extra(cid, log)
     return problems
 
 
@@ -265,31 +267,3 @@ def _check_log(ops: FileOps, log: str, record: LogRecord) -> str | None:
         holds = f"{result.next_seq} item(s) in {frames} frame(s), {size} bytes"
         return f"holds {holds}; the manifest lists {want}"
     return None
-
-
-def site_names(root: str) -> list[str]:
-    return [n for n in _names(layout.sites_dir(root)) if is_valid_site(n)]
-
-
-def log_files(root: str, site: str) -> Iterator[tuple[str, str]]:
-    """(conversation id, log path) of every log of a site of the data dir or backup at ``root``."""
-    base = layout.conversations_dir(root, site)
-    for d1 in _names(base):
-        for d2 in _names(os.path.join(base, d1)):
-            for name in _names(os.path.join(base, d1, d2)):
-                cid = name.removesuffix(layout.LOG_SUFFIX)
-                if cid != name and is_valid_id(cid):
-                    yield cid, os.path.join(base, d1, d2, name)
-
-
-def _logs_present(root: str) -> Iterator[tuple[str, str, str]]:
-    for site in site_names(root):
-        for cid, log in log_files(root, site):
-            yield site, cid, log
-
-
-def _names(path: str) -> list[str]:
-    try:
-        return sorted(os.listdir(path))
-    except (FileNotFoundError, NotADirectoryError):
-        return []

@@ -24,9 +24,10 @@ import os
 import shlex
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 
 from ..core.errors import InvalidArgument, Timeout
-from ..core.ids import is_valid_id, is_valid_site, validate_conversation_id, validate_site
+from ..core.ids import is_valid_id, validate_conversation_id, validate_site
 from ..file import layout
 from ..file.fileio import OS_FILE_OPS, FileOps
 from ..file.layout import conversation_paths
@@ -39,8 +40,6 @@ from .check_report import CheckContext, CheckReport, Finding, ProgressCallback, 
 from .check_top import check_top_files
 
 __all__ = ["check", "CheckReport", "Finding"]
-
-_HEX2 = frozenset(f"{i:02x}" for i in range(256))
 
 
 def check(
@@ -110,25 +109,27 @@ def check(
 def _scandir(ctx: CheckContext, path: str) -> list[os.DirEntry[str]]:
     """Entries of ``path`` sorted by name; [] if it is gone; an unreadable directory is an io-error."""
     try:
-        with os.scandir(path) as it:
-            return sorted(it, key=lambda e: e.name)
+        return sorted(ctx.ops.scandir(path), key=lambda e: e.name)
     except FileNotFoundError:
         return []
     except OSError as exc:
-        ctx.found("io-error", path, f"cannot list the directory: {exc.strerror or exc}")
+        _unreadable(ctx, path, exc)
         return []
 
 
+def _unreadable(ctx: CheckContext, path: str, exc: OSError) -> None:
+    ctx.found("io-error", path, f"cannot list the directory: {exc.strerror or exc}")
+
+
 def _sites(ctx: CheckContext, only: str | None, *, strays: bool) -> list[str]:
-    sites_dir = layout.sites_dir(ctx.data_dir)
-    names = []
-    for entry in _scandir(ctx, sites_dir):
-        if entry.is_dir(follow_symlinks=False) and is_valid_site(entry.name):
-            if only is None or entry.name == only:
-                names.append(entry.name)
-        elif strays:
-            ctx.found("unknown-file", entry.path, "not a site directory (left alone)")
-    return names
+    def stray(path: str, _name: str) -> None:
+        if strays:
+            ctx.found("unknown-file", path, "not a site directory (left alone)")
+
+    # The layout's directory rule (layout.iter_sites), so that fsck checks exactly the sites the other
+    # walkers see; what it passes over is reported here.
+    sites = layout.iter_sites(ctx.ops, ctx.data_dir, stray=stray, unreadable=partial(_unreadable, ctx))
+    return [site for site in sites if only is None or site == only]
 
 
 def _check_top_level(ctx: CheckContext) -> None:
@@ -236,33 +237,37 @@ def _plan_site(ctx: CheckContext, site: str, only: str | None) -> dict[str, int]
 
 
 def _leaves(ctx: CheckContext, site: str) -> Iterator[tuple[str, tuple[str, str], list[tuple[str, int]]]]:
-    """(leaf dir, (h1, h2), [(file name, size)]) for every fan-out leaf; anything else is reported."""
-    root = layout.conversations_dir(ctx.data_dir, site)
+    """(leaf dir, (h1, h2), [(file name, size)]) for every fan-out leaf (the layout's directory rule,
+    ``layout.iter_leaves``); anything else is reported."""
     loose = _LooseModes(ctx, site)
+    root = layout.conversations_dir(ctx.data_dir, site)
     for path in (layout.site_dir(ctx.data_dir, site), root, layout.manifest_dir(ctx.data_dir, site)):
         loose.see(path)
-    for d1 in _scandir(ctx, root):
-        if not (d1.is_dir(follow_symlinks=False) and d1.name in _HEX2):
-            _stray(ctx, d1.path, d1.name, site)
-            continue
-        loose.see(d1.path)
-        for d2 in _scandir(ctx, d1.path):
-            if not (d2.is_dir(follow_symlinks=False) and d2.name in _HEX2):
-                _stray(ctx, d2.path, d2.name, site)
-                continue
-            loose.see(d2.path)
-            files = []
-            for f in _scandir(ctx, d2.path):
-                try:
-                    if f.is_file(follow_symlinks=False):
-                        st = f.stat(follow_symlinks=False)
-                        loose.see(f.path, st.st_mode)
-                        files.append((f.name, st.st_size))
-                        continue
-                except FileNotFoundError:  # removed meanwhile (a temp file renamed into place)
+    seen_h1 = None
+    leaves = layout.iter_leaves(
+        ctx.ops,
+        ctx.data_dir,
+        site,
+        stray=lambda path, name: _stray(ctx, path, name, site),
+        unreadable=partial(_unreadable, ctx),
+    )
+    for leaf in leaves:
+        if leaf.fanout[0] != seen_h1:
+            seen_h1 = leaf.fanout[0]
+            loose.see(os.path.dirname(leaf.path))
+        loose.see(leaf.path)
+        files = []
+        for f in leaf.entries:
+            try:
+                if f.is_file(follow_symlinks=False):
+                    st = f.stat(follow_symlinks=False)
+                    loose.see(f.path, st.st_mode)
+                    files.append((f.name, st.st_size))
                     continue
-                _stray(ctx, f.path, f.name, site)
-            yield d2.path, (d1.name, d2.name), files
+            except FileNotFoundError:  # removed meanwhile (a temp file renamed into place)
+                continue
+            _stray(ctx, f.path, f.name, site)
+        yield leaf.path, leaf.fanout, files
     loose.report()
 
 

@@ -106,18 +106,4 @@ def locked_rescan(ops: FileOps, fd: int, scan: LogScan, on_frame: Callable[[Fram
         last_version=last.last_version,
         on_frame=on_frame,
     )
-    head = tail[0]
-    merged = ScanResult(
-        frames=last.frames + head.frames,
-        end=head.end,
-        next_seq=head.next_seq,
-        last_recorded_at=head.last_recorded_at,
-        state=head.state,
-        stop_offset=head.stop_offset,
-        reason=head.reason,
-        file_size=size,
-        timestamp_regressions=last.timestamp_regressions + head.timestamp_regressions,
-        last_version=head.last_version,
-        zero_tail=head.zero_tail,
-    )
-    return LogScan(size, [*scan.segments[:-1], merged, *tail[1:]])
+    return LogScan(size, [*scan.segments[:-1], last.continued_by(tail[0]), *tail[1:]])

@@ -20,7 +20,6 @@ from collections.abc import Iterator
 from typing import Any, BinaryIO, Protocol
 
 from ..core.errors import Corrupted
-from ..core.ids import is_valid_id, is_valid_site
 from ..core.imported import ImportedBatch, export_line, export_time
 from ..core.limits import MAX_BATCH_BYTES, MAX_BATCH_ITEMS
 from ..core.models import datetime_to_micros
@@ -66,23 +65,15 @@ class FileReader:
 
     def sites(self) -> list[str]:
         from ..file import layout
+        from ..file.fileio import OS_FILE_OPS
 
-        return sorted(
-            set(self.registry()) | {n for n in _names(layout.sites_dir(self.data_dir)) if is_valid_site(n)}
-        )
+        return sorted(set(self.registry()) | set(layout.iter_sites(OS_FILE_OPS, self.data_dir)))
 
     def conversations(self, site: str) -> Iterator[str]:
         from ..file import layout
+        from ..file.fileio import OS_FILE_OPS
 
-        root = layout.conversations_dir(self.data_dir, site)
-        found = []
-        for d1 in _names(root):
-            for d2 in _names(os.path.join(root, d1)):
-                for name in _names(os.path.join(root, d1, d2)):
-                    cid = name.removesuffix(layout.LOG_SUFFIX)
-                    if cid != name and is_valid_id(cid):
-                        found.append(cid)
-        return iter(sorted(found))
+        return iter(sorted(cid for cid, _ in layout.iter_logs(OS_FILE_OPS, self.data_dir, site)))
 
     def batches(self, site: str, conversation_id: str, from_seq: int = 0) -> Iterator[ImportedBatch]:
         from ..file.fileio import OS_FILE_OPS
@@ -124,13 +115,6 @@ class FileReader:
 
     def close(self) -> None:
         pass
-
-
-def _names(path: str) -> list[str]:
-    try:
-        return sorted(os.listdir(path))
-    except (FileNotFoundError, NotADirectoryError):
-        return []
 
 
 class PostgresReader:

@@ -17,12 +17,12 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
 
-from ..core.ids import validate_site
-from ..core.registry import SiteExists, UnknownSite, hash_password, new_entry
+from ..core.registry import RegistryEdits, SiteEntry
 from .settings import ClientSettings, split_url
 from .watchdog import Watchdog, fileno
 
@@ -31,7 +31,7 @@ __all__ = ["PostgresRegistry"]
 _BUMP = "UPDATE logstore_schema SET registry_version = registry_version + 1 WHERE id"
 
 
-class PostgresRegistry:
+class PostgresRegistry(RegistryEdits):
     def __init__(self, conninfo: str, *, poll_interval: float = 1.0) -> None:
         self.conninfo = conninfo
         self._libpq, own = split_url(conninfo)  # the store URL's bounds (settings.py)
@@ -104,7 +104,7 @@ class PostgresRegistry:
             rows = conn.execute("SELECT site, credential FROM logstore_sites").fetchall()
         return (version[0] if version else 0), {site: json.loads(entry) for site, entry in rows}
 
-    # --- writing -------------------------------------------------------------------------------------
+    # --- writing (the rules: ``RegistryEdits``) ----------------------------------------------------
     def _edit(self, sql: str, params: tuple[object, ...]) -> int:
         with psycopg.connect(self._libpq) as conn, conn.transaction():
             changed = conn.execute(sql, params).rowcount
@@ -112,35 +112,27 @@ class PostgresRegistry:
                 conn.execute(_BUMP)
             return changed
 
-    def add(self, site: str, password: str) -> None:
-        validate_site(site)
-        self.import_entry(site, new_entry(password))
-
-    def import_entry(self, site: str, entry: dict[str, Any]) -> None:
-        """``logstore migrate``: add a site with an entry copied from another registry as it is (the
-        scrypt hash: the password is never needed). Raises SiteExists."""
-        validate_site(site)
-        added = self._edit(
-            "INSERT INTO logstore_sites (site, credential) VALUES (%s, %s) ON CONFLICT (site) DO NOTHING",
-            (site, json.dumps(entry)),
+    def _insert(self, site: str, entry: SiteEntry) -> bool:
+        return bool(
+            self._edit(
+                "INSERT INTO logstore_sites (site, credential) VALUES (%s, %s) ON CONFLICT (site) DO NOTHING",
+                (site, json.dumps(entry)),
+            )
         )
-        if not added:
-            raise SiteExists(site)
 
-    def set_password(self, site: str, password: str) -> None:
-        new = hash_password(password)
+    def _change(self, site: str, change: Callable[[SiteEntry], SiteEntry]) -> bool:
         with psycopg.connect(self._libpq) as conn, conn.transaction():
             row = conn.execute(
                 "SELECT credential FROM logstore_sites WHERE site = %s FOR UPDATE", (site,)
             ).fetchone()
             if row is None:
-                raise UnknownSite(site)
-            entry = {**json.loads(row[0]), **new}  # keeps created_at
+                return False
+            entry = change(json.loads(row[0]))
             conn.execute(
                 "UPDATE logstore_sites SET credential = %s WHERE site = %s", (json.dumps(entry), site)
             )
             conn.execute(_BUMP)
+        return True
 
-    def remove(self, site: str) -> None:
-        if not self._edit("DELETE FROM logstore_sites WHERE site = %s", (site,)):
-            raise UnknownSite(site)
+    def _delete(self, site: str) -> bool:
+        return bool(self._edit("DELETE FROM logstore_sites WHERE site = %s", (site,)))

@@ -28,12 +28,11 @@ import msgspec
 import psycopg
 import psycopg_pool
 
-from ..core.arguments import list_args, recall_args, replay_args
-from ..core.batch import decode_item, prepare_batch
+from ..core.arguments import append_args, import_args, list_args, recall_args, replay_args
+from ..core.batch import conversation_full, decode_item, stored_not_json
 from ..core.cursor import BEFORE_ALL, CursorCodec, CursorKey
-from ..core.errors import ConversationFull, Corrupted, Unavailable
-from ..core.ids import validate_conversation_id, validate_site
-from ..core.imported import ImportedBatch, check_imported, import_refusal
+from ..core.errors import Unavailable
+from ..core.imported import ImportedBatch, import_refusal
 from ..core.limits import DEFAULT_LIST_LIMIT, DEFAULT_RECALL_COUNT, MAX_CONVERSATION_ITEMS, MAX_READ_COUNT
 from ..core.models import (
     ConversationListing,
@@ -113,6 +112,13 @@ WHERE site = %s AND last_appended_at <= %s AND (last_appended_at < %s OR convers
 ORDER BY last_appended_at DESC, conversation_id LIMIT %s"""
 
 
+def _now_us() -> int | None:
+    """The time that stamps an append's ``recorded_at``, in microseconds since the epoch; None (always, in
+    production): the database's ``statement_timestamp()``. Tests replace this function (monkeypatch) to
+    steer the clock, as they do the file engine's ``file.log.conversation._now_us``."""
+    return None
+
+
 class PostgresStore:
     """Thread-safe; one connection pool. ``lock_timeout``/``statement_timeout`` bound each statement in
     the database (-> ``Timeout``), ``pool_timeout`` the wait for a connection (-> ``Unavailable``), and
@@ -144,9 +150,6 @@ class PostgresStore:
             f"{int(lock_timeout * 1000)}ms",
             f"{int(self.settings.statement_timeout * 1000)}ms",
         )
-        # Test seam: microseconds since the epoch replacing the database clock for recorded_at (the
-        # contract suite steers it to check that recorded_at never decreases); None in production.
-        self.clock: Callable[[], int] | None = None
         self._watchdog = Watchdog("logstore-pg-deadlines")
         self._pool = psycopg_pool.ConnectionPool(
             libpq,
@@ -200,13 +203,13 @@ class PostgresStore:
     # ------------------------------------------------------------------ public API
     def append(self, site: str, conversation_id: str, items: Sequence[dict[str, Any]]) -> SeqRange:
         """Append one batch atomically; returns its seq range once PostgreSQL has committed it."""
-        site = validate_site(site)
-        conversation_id = validate_conversation_id(conversation_id)
-        payloads = list(prepare_batch(items).items)
+        site, conversation_id, batch = append_args(site, conversation_id, items)
+        payloads = list(batch.items)
         n = len(payloads)
 
         def run(conn: psycopg.Connection) -> SeqRange:
-            now = None if self.clock is None else micros_to_datetime(self.clock())
+            clock = _now_us()
+            now = None if clock is None else micros_to_datetime(clock)
             params = {
                 "site": site,
                 "cid": conversation_id,
@@ -219,13 +222,7 @@ class PostgresStore:
             if row is None:  # the limit refused the update: nothing was written
                 stored = conn.execute(_STORED, (site, conversation_id)).fetchone()
                 count = stored[0] if stored else 0
-                raise ConversationFull(
-                    f"conversation holds {count} items; appending {n} would pass the limit of "
-                    f"{MAX_CONVERSATION_ITEMS}",
-                    stored=count,
-                    requested=n,
-                    limit=MAX_CONVERSATION_ITEMS,
-                )
+                raise conversation_full(stored=count, requested=n)
             return SeqRange(row[0] - n, row[0] - 1)
 
         return self._run(run, writing=True)
@@ -234,9 +231,7 @@ class PostgresStore:
         """``logstore migrate``: append items copied verbatim from another store at the seq and time they
         had there, in one statement (``core.imported``: refused unless ``batch.first_seq`` is the next seq
         and its time is not before the conversation's last)."""
-        site = validate_site(site)
-        conversation_id = validate_conversation_id(conversation_id)
-        batch = check_imported(batch)
+        site, conversation_id, batch = import_args(site, conversation_id, batch)
         params = {
             "site": site,
             "cid": conversation_id,
@@ -300,7 +295,13 @@ class PostgresStore:
             if self._closed:
                 return
             self._closed = True
-        self._pool.close()
+        # psycopg_pool joins each maintenance thread for up to ``timeout`` (default 5 s each): a worker
+        # opening a connection to a slow or silent database held a SIGINT'd server 4-10 s (issue 22 §2).
+        # Not waiting is safe: those threads (daemons) only open, replace and discard idle connections and
+        # run no statement of ours; every acknowledged append had committed before its call returned;
+        # idle connections are closed below whatever the timeout, one in use when it is returned, and
+        # one a worker opens after this is closed by the pool as it arrives.
+        self._pool.close(timeout=0.5)
         self._watchdog.stop()
 
     # ------------------------------------------------------------------ internals
@@ -380,11 +381,9 @@ class PostgresStore:
         for seq, recorded_at, payload in rows:
             try:
                 out.append(MemoryItem(seq, recorded_at, decode_item(payload, seq=seq)))  # or Unreadable
-            except msgspec.DecodeError as exc:  # only this backend writes the table, always valid JSON
-                raise Corrupted(
-                    f"stored item {seq} of {site}/{conversation_id} is not JSON",
-                    path=f"logstore_items/{site}/{conversation_id}",
-                    offset=seq,
+            except msgspec.DecodeError as exc:  # the item's offset in the table is its seq
+                raise stored_not_json(
+                    seq, path=f"logstore_items/{site}/{conversation_id}", offset=seq
                 ) from exc
         return out
 

@@ -25,6 +25,7 @@ from jsonschema.exceptions import ValidationError
 
 from logstore.core import errors
 from logstore.core.ids import validate_conversation_id
+from logstore.core.limits import MAX_BATCH_ITEMS
 
 from .spec_tools import ToolDef
 
@@ -115,7 +116,9 @@ class ArgumentValidator:
             except errors.InvalidConversationId as exc:
                 return exc
         if path == ["items"] and error.validator == "minItems" and self.tool.name == "append_memory":
-            return errors.EmptyBatch("items must not be empty: an append batch holds 1 to 250 items")
+            return errors.EmptyBatch(
+                f"items must not be empty: an append batch holds 1 to {MAX_BATCH_ITEMS} items"
+            )
         field = str(path[0]) if path else None
         if error.validator == "required":
             field = next((n for n in error.validator_value if n not in args), None)

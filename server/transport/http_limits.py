@@ -39,7 +39,7 @@ class HttpLimits:
     # --- authentication (before a password is known to be right) ---
     kdf_threads: int = 2  # concurrent scrypt runs (~60 ms and 16 MiB each)
     kdf_queue: int = 64  # waiting verifications; beyond it the newest suspect waiter is shed (503)
-    auth_failures: int = 10  # failed verifications per client address per window before 429
+    auth_failures: int = 10  # failed verifications per (address, site) per window before 429 (5x per address)
     auth_failure_window: float = 60.0  # seconds
     # --- legacy-protocol sessions (stateful mode only) ---
     max_sessions: int = 1000  # per process

@@ -56,22 +56,12 @@ def postgres_backend(scratch: Path, monkeypatch: pytest.MonkeyPatch) -> Backend:
     from tests.postgres_support import fresh_url, shared_server
 
     url = fresh_url(shared_server())
-    opened: list[PostgresStore] = []
-    clock: list[Callable[[], int] | None] = [None]
-
-    def open_store() -> PostgresStore:
-        store = PostgresStore(url, lock_timeout=2.0)
-        store.clock = clock[0]
-        opened.append(store)
-        return store
 
     def set_clock(now: Callable[[], int]) -> None:
-        # recorded_at comes from the database clock; the store's test seam replaces it.
-        clock[0] = now
-        for store in opened:
-            store.clock = now
+        # recorded_at comes from the database clock; the module's test seam replaces it.
+        monkeypatch.setattr(importlib.import_module("logstore.postgres.store"), "_now_us", now)
 
-    return Backend("postgres", open_store, set_clock, url)
+    return Backend("postgres", lambda: PostgresStore(url, lock_timeout=2.0), set_clock, url)
 
 
 BACKENDS = [pytest.param(file_backend, id="file"), pytest.param(postgres_backend, id="postgres")]

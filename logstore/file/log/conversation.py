@@ -11,11 +11,17 @@
   reopens with recovery.
 - Reads (``reads``) start with one ``pread`` of the commit point: if it is the record the published
   state agrees with, the state is current (no other syscall); if it moved, the frames it vouches for are
-  taken in (durable: no torn tail to judge), else the log is loaded again - without the file lock when
-  the record vouches for it, under the lock otherwise (no record, another boot's, damage). A read that
-  starts after any process's acknowledgement sees it (the record was written before it), and no read
-  sees a batch before its ``fdatasync`` returned (the record moves after it). Freshness never depends on
-  a local writer: a reader waits at most for one commit's ``_io_lock``, never for a flock wait.
+  taken in (durable: no torn tail to judge), else the log is loaded again without the file lock. A read
+  that starts after any process's acknowledgement sees it (the record was written before it), and no
+  read sees a batch before its ``fdatasync`` returned (the record moves after it). While the record
+  vouches for the log, a reader takes no flock and waits at most for one commit's ``_io_lock``. It takes
+  the flock only where bytes the record does not vouch for must be judged (only recovery under the lock
+  may): when the lock-free load cannot tell (no record, another boot's, another file, damage the record
+  does not name, a log that disagrees: ``_refresh_under_lock``, waiting up to ``lock_timeout``, also
+  behind a local commit's flock wait); when a read finds frames past the record (a dead writer's, to be
+  taken in as the next append would: ``_settle_if_free``, one try, never waiting, skipped while a local
+  commit is in flight); and when the index disagrees with the log (``_verify_and_rebuild``: a rescan,
+  waiting up to ``lock_timeout``).
 - An index entry that disagrees with the log is never served: the log is rescanned under the lock and
   the index rewritten. A bad frame inside the acknowledged region is ``Corrupted(path, offset)``: reads
   before it work, appends stop.
@@ -46,13 +52,12 @@ from .. import boot
 from ..fileio import FileOps
 from ..layout import ConversationPaths
 from .commit_point import CommitPoint, encode, read_raw, write_empty, write_raw
-from .frame import Frame
+from .frame import PREFIX_SIZE
 from .group_commit import AppendRequest, GroupCommit
 from .handle import LogHandle
 from .reads import corrupted, decode_region, items_of
-from .recovery import LogState
 from .seq_index import IndexMismatch, locate
-from .tail import nothing_after, trim
+from .tail import no_frame_in, nothing_after, trim
 from .writer import CommitInfo, encode_group, write_group
 
 __all__ = ["ConversationLog", "AppendRequest", "CommitInfo"]
@@ -79,10 +84,6 @@ class ConversationLog(LogHandle):
         self._on_create = on_create
         self._on_commit = on_commit
         self._group = GroupCommit(self._commit_io)
-
-    @property
-    def next_seq(self) -> int:
-        return self._state.next_seq
 
     def summary(self) -> CommitInfo | None:
         """Created/last timestamps for the manifest's reconciliation after a crash; None if the log holds
@@ -166,17 +167,14 @@ class ConversationLog(LogHandle):
                 return  # still no log
         with self._io_lock:  # ``with``, not acquire(): an interrupt cannot land between take and try
             fresh = self._refresh_unlocked_io()
-            leftovers, self._leftovers = self._leftovers, False
         if not fresh:
             self._refresh_under_lock()
-        elif leftovers:
-            self._settle_if_free()
 
     def _settle_if_free(self) -> None:
-        """Recovery under the file lock if it is free at once: a load found bytes past the commit point
-        (``_leftovers``), which with the lock free can only be a dead writer's frames, maybe durable, never
-        acknowledged. Taking them in now (``_load_locked_io`` fdatasyncs them and moves the record) makes
-        this first read agree with the next append, which would take them in anyway. A busy lock is a live
+        """Recovery under the file lock if it is free at once: a read found bytes past the commit point,
+        which with the lock free can only be a dead writer's frames, maybe durable, never acknowledged.
+        Taking them in now (``_load_locked_io`` fdatasyncs them and moves the record) makes this read
+        agree with the next append, which would take them in anyway. A busy lock is a live
         writer mid-commit: its frames are its own to record. A local commit in flight (``_commit_lock``
         taken: it may be waiting for the flock) takes them in itself: a reader never waits behind it."""
         if self._commit_lock.locked():
@@ -363,11 +361,18 @@ class ConversationLog(LogHandle):
 
     # ------------------------------------------------------------------ reads
     def read(self, start: int | None, limit: int) -> list[MemoryItem]:
-        """Items ``[start, start+limit)``; with ``start=None``, the last ``limit`` items."""
+        """Items ``[start, start+limit)``; with ``start=None``, the last ``limit`` items.
+
+        A read that reaches the end also reads the ``PREFIX_SIZE`` bytes past it (the same ``pread``): a
+        writer of another process that died between its ``fdatasync`` and its commit point left a frame
+        there, durable and never acknowledged, and the record did not move. With the file lock free it is
+        taken in first (``_settle_if_free``), as the next append would: else a client's "was my batch
+        stored?" read says no and its resend is a duplicate. A live writer's frame is never served."""
         if limit <= 0:
             return []
         self._ensure_fresh()
-        for _attempt in range(3):
+        looked = False
+        for _attempt in range(4):
             with self._state_lock:
                 state, generation = self._state, self._generation
             first = max(0, state.next_seq - limit) if start is None else start
@@ -376,29 +381,41 @@ class ConversationLog(LogHandle):
                 # the damage, and a short page would wrongly say "end of log".
                 raise corrupted(self.paths.log, *state.corrupt)
             stop = min(first + limit, state.next_seq)
-            if first >= stop:
+            look = not looked and state.corrupt is None and first + limit >= state.next_seq
+            if first >= stop and (not look or self._log_fd is None):  # (no fd: no log, nothing past it)
                 return []
             try:
-                frames = self._read_frames(state, first, stop, generation)
+                bounds: list[tuple[int, int]] = []
+                region_start = region_end = state.end
+                if first < stop:
+                    bounds, region_end = locate(state.entries, state.frames, first, stop, state.end)
+                    region_start = bounds[0][0]
+                size = region_end - region_start
+                data = self._pread(generation, region_start, size + (PREFIX_SIZE if look else 0))
+                if data is None:  # descriptors were swapped under us (poison/reload): take a new snapshot
+                    self._ensure_fresh()
+                    continue
+                if look and not no_frame_in(data[size:]):
+                    looked = True
+                    self._settle_if_free()
+                    continue
+                if first >= stop:
+                    return []
+                frames = decode_region(data, region_start, bounds, stop, size=size)
             except IndexMismatch:
                 self._verify_and_rebuild(state.end)
                 continue
             except OSError as exc:
                 raise self._io_error("read", exc) from exc
-            if frames is None:  # descriptors were swapped under us (poison/reload): take a new snapshot
-                self._ensure_fresh()
-                continue
             return items_of(frames, first, stop, path=self.paths.log)
         raise Unavailable(f"conversation {self.conversation_id} kept changing under a read; retry")
 
-    def _read_frames(self, state: LogState, first: int, stop: int, generation: int) -> list[Frame] | None:
-        bounds, region_end = locate(state.entries, state.frames, first, stop, state.end)
-        region_start = bounds[0][0]
+    def _pread(self, generation: int, offset: int, length: int) -> bytes | None:
+        """``length`` bytes of the log at ``offset``, or None if its descriptor is not ``generation``'s."""
         with self._fd_readers:
             if self._generation != generation or self._log_fd is None:
                 return None
-            data = self.ops.pread(self._log_fd, region_end - region_start, region_start)
-        return decode_region(data, region_start, bounds, stop)
+            return self.ops.pread(self._log_fd, length, offset)
 
     def _verify_and_rebuild(self, believed_end: int) -> None:
         """The index disagreed with the log: rescan the whole log (the truth) under the file lock and

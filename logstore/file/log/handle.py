@@ -33,7 +33,7 @@ from .group_commit import ReaderGuard
 from .recovery import EMPTY_STATE, LogState, absorb, judge, recover, recovered_state, rescanned_state
 from .scanner import ScanState, scan_log
 from .seq_index import SidecarIndex
-from .tail import cut_back, cut_failed_write, nothing_after, truncate_torn
+from .tail import cut_back, cut_failed_write, truncate_torn
 
 __all__ = ["LogHandle"]
 
@@ -75,7 +75,6 @@ class LogHandle:
         self._point_fd: int | None = None  # the ``.lock`` file, for the commit point record
         self._index = SidecarIndex(ops, paths.index)
         self._loaded = False
-        self._leftovers = False  # the last lock-free load saw bytes past the commit point (conversation.py)
         self._chunk = 0  # the last chunk preallocated by this handle (doubles with each growth)
 
     def _close_fds(self) -> None:
@@ -169,8 +168,6 @@ class LogHandle:
                 return False  # the record moved while we read: start over
             # Damage past ``end`` was judged under the lock by whoever wrote the record: the same verdict.
             size = self.ops.size(self._log_fd)  # with a v2 log's preallocated tail (trimmed on close)
-            past = size > point.end and point.damage is None  # (bytes after damage are the damage)
-            self._leftovers = past and not nothing_after(self.ops, self._log_fd, point.end)
             state = replace(
                 recovered_state(recovered, entries),
                 point=raw,

@@ -4,14 +4,14 @@ index, every one CRC-checked and matched against its entry) and the items in the
 Pure over its arguments: the conversation passes the bytes it read and the state they belong to. Any
 disagreement between the index and the log raises ``IndexMismatch`` (the caller rescans the log and
 retries: the index is never trusted over the log); an item that is CRC-valid but not JSON is
-``Corrupted`` (written wrong, not rotted).
+``Corrupted`` at its frame's offset (``core.batch.stored_not_json``: written wrong, not rotted).
 """
 
 from __future__ import annotations
 
 import msgspec
 
-from ...core.batch import decode_item
+from ...core.batch import decode_item, stored_not_json
 from ...core.errors import Corrupted
 from ...core.models import MemoryItem, micros_to_datetime
 from .frame import Frame, decode_frame
@@ -26,10 +26,12 @@ def corrupted(path: str, offset: int, reason: str) -> Corrupted:
     )
 
 
-def decode_region(data: bytes, region_start: int, bounds: list[tuple[int, int]], stop: int) -> list[Frame]:
+def decode_region(
+    data: bytes, region_start: int, bounds: list[tuple[int, int]], stop: int, *, size: int | None = None
+) -> list[Frame]:
     """The frames ``bounds`` (``(offset, first_seq)`` from ``seq_index.locate``) in ``data``, the bytes of
     the log from ``region_start``: each must be valid, carry its entry's seq, and together they must
-    tile ``data`` and reach seq ``stop``."""
+    tile the first ``size`` bytes of ``data`` (all of it by default) and reach seq ``stop``."""
     frames: list[Frame] = []
     pos = 0
     for offset, first_seq in bounds:
@@ -38,7 +40,7 @@ def decode_region(data: bytes, region_start: int, bounds: list[tuple[int, int]],
             raise IndexMismatch
         frames.append(event)
         pos = event.end - region_start
-    if pos != len(data) or frames[-1].first_seq + frames[-1].count < stop:
+    if pos != (len(data) if size is None else size) or frames[-1].first_seq + frames[-1].count < stop:
         raise IndexMismatch
     return frames
 
@@ -53,7 +55,7 @@ def items_of(frames: list[Frame], first: int, stop: int, *, path: str) -> list[M
         for k in range(lo, hi):
             try:
                 payload = decode_item(frame.items[k], seq=frame.first_seq + k)  # or Unreadable
-            except msgspec.DecodeError as exc:  # CRC-valid but not JSON: written wrong, not rotted
-                raise corrupted(path, frame.offset, "item-not-json") from exc
+            except msgspec.DecodeError as exc:
+                raise stored_not_json(frame.first_seq + k, path=path, offset=frame.offset) from exc
             out.append(MemoryItem(frame.first_seq + k, at, payload))
     return out

@@ -26,7 +26,7 @@ the conversation lock.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from ..fileio import FileOps
@@ -89,6 +89,16 @@ class ScanResult:
     @property
     def bytes_after_end(self) -> int:
         return self.file_size - self.end
+
+    def continued_by(self, tail: ScanResult) -> ScanResult:
+        """This scan and ``tail`` as one: ``tail`` scanned on from this one's end (``start=end``,
+        ``expected_seq=next_seq``, ``last_recorded_at``, ``last_version``). Its frames and timestamp
+        regressions come after these; the rest (where it stopped, why, the file size) is ``tail``'s."""
+        return replace(
+            tail,
+            frames=self.frames + tail.frames,
+            timestamp_regressions=self.timestamp_regressions + tail.timestamp_regressions,
+        )
 
 
 def scan_log(

@@ -32,6 +32,7 @@ __all__ = [
     "FIRST_CHUNK",
     "MAX_CHUNK",
     "nothing_after",
+    "no_frame_in",
     "next_chunk",
     "UNPREALLOCATED_WRITE",
     "grown_size",
@@ -53,13 +54,15 @@ UNPREALLOCATED_WRITE = 64 * 1024
 _PAGE = 4096
 
 
-def _zero(data: bytes) -> bool:
-    return data.count(0) == len(data)
+def no_frame_in(prefix: bytes) -> bool:
+    """``prefix``, the (up to) ``PREFIX_SIZE`` bytes at a log's end, starts no frame: zero (a v2 log's
+    unused tail) or absent."""
+    return prefix.count(0) == len(prefix)
 
 
 def nothing_after(ops: FileOps, fd: int, end: int) -> bool:
-    """No frame starts at ``end``: its header bytes are zero (a v2 log's unused tail) or absent."""
-    return _zero(ops.pread(fd, PREFIX_SIZE, end))
+    """No frame starts at ``end`` (``no_frame_in`` the bytes there)."""
+    return no_frame_in(ops.pread(fd, PREFIX_SIZE, end))
 
 
 def next_chunk(previous: int) -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from typing import NamedTuple
 
-from ...core.errors import ConversationFull
+from ...core.batch import conversation_full
 from ...core.imported import import_refusal
 from ...core.limits import MAX_CONVERSATION_ITEMS
 from ..fileio import FileOps
@@ -77,7 +77,7 @@ def encode_group(
             req.error = import_refusal(req.imported, next_seq=seq, last_recorded_at=last_at)
             recorded_at = req.imported.recorded_at
         if req.error is None and seq + req.count > MAX_CONVERSATION_ITEMS:
-            req.error = _full(seq, req.count)
+            req.error = conversation_full(stored=seq, requested=req.count)
         if req.error is not None:
             req.done = True
             continue
@@ -116,7 +116,7 @@ def _encode_one(
     """``encode_group`` of one appended (not imported) batch, the single writer's case: the same
     outcome without the lists, joins and loop (~1 us per append)."""
     if next_seq + req.count > MAX_CONVERSATION_ITEMS:
-        req.error, req.done = _full(next_seq, req.count), True
+        req.error, req.done = conversation_full(stored=next_seq, requested=req.count), True
         return None
     recorded_at = now if last_at is None or now > last_at else last_at  # never goes back
     frame = encode_frame(
@@ -137,16 +137,6 @@ def _encode_one(
         encode_entry(write_start, next_seq),
         recorded_at,
         recorded_at,
-    )
-
-
-def _full(stored: int, requested: int) -> ConversationFull:
-    return ConversationFull(
-        f"conversation holds {stored} items; appending {requested} would pass the limit of "
-        f"{MAX_CONVERSATION_ITEMS}",
-        stored=stored,
-        requested=requested,
-        limit=MAX_CONVERSATION_ITEMS,
     )
 
 

@@ -20,29 +20,51 @@ import secrets
 import threading
 from collections.abc import Callable, Iterator
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ...core.errors import Corrupted, Io, LogstoreError, Timeout, Unavailable
-from ...core.ids import is_valid_id
 from .. import boot, layout
 from ..fileio import FileOps
 from ..log.conversation import CommitInfo
 from ..log.tail import nothing_after
 from .codec import Entry, Session
 
-if TYPE_CHECKING:
-    from .site import SiteManifest
-
 __all__ = [
     "new_session",
     "end_session",
     "is_alive",
     "log_may_differ",
-    "logs_under",
     "Reconciliation",
+    "SweptIndex",
 ]
 
 log = logging.getLogger("logstore")
+
+
+class SweptIndex(Protocol):
+    """What the sweep needs of the index it reconciles (``site.SiteManifest`` is the one): defined here, so
+    that this module, below ``site``, imports nothing from it while the sweep still calls back into it."""
+
+    @property
+    def ops(self) -> FileOps: ...
+    @property
+    def data_dir(self) -> str: ...
+    @property
+    def site(self) -> str: ...
+
+    def entry(self, cid: str) -> Entry | None: ...
+
+    def reconciled(self, cid: str, probed: Entry, info: CommitInfo | None, log_path: str) -> None:
+        """Take in what recovery says of ``cid``'s log (``probed``: the entry it was compared with)."""
+
+    def sweep_ids(self) -> Iterator[str]:
+        """Every conversation the index knows now."""
+
+    def open_conversation(self, cid: str) -> CommitInfo | None:
+        """Open ``cid`` (recovery runs if its log needs it): what its log holds, None if no items."""
+
+    def close_sessions(self, dead: set[Session]) -> None:
+        """The sweep is done: make its records durable, then close the crashed sessions."""
 
 
 def _start_ticks(pid: int) -> int | None:
@@ -107,28 +129,12 @@ def log_may_differ(ops: FileOps, path: str, entry: Entry) -> bool:
         ops.close(fd)
 
 
-def logs_under(ops: FileOps, directory: str) -> Iterator[str]:
-    """Conversation ids of the logs below ``directory`` (a damaged snapshot's last resort). Through
-    ``FileOps.listdir``, not ``os.walk``: os.walk skips a directory it cannot read without a word, which
-    here would drop its conversations from the listing for good; a failing read must raise (Io)."""
-    try:
-        names = ops.listdir(directory)
-    except FileNotFoundError:
-        return
-    for name in names:
-        cid = name.removesuffix(layout.LOG_SUFFIX)
-        if cid != name and is_valid_id(cid):
-            yield cid
-        elif "." not in name:  # a fan-out directory (conversation files all have an extension)
-            yield from logs_under(ops, os.path.join(directory, name))
-
-
 class Reconciliation:
     """One background sweep over a loaded manifest (``SiteManifest`` starts it when the load finds a
     crashed session, damage, or a manifest of an older release); ``touch`` reconciles a conversation
     ahead of it."""
 
-    def __init__(self, manifest: SiteManifest, dead: set[Session]) -> None:
+    def __init__(self, manifest: SweptIndex, dead: set[Session]) -> None:
         self._manifest = manifest
         self._dead = dead
         self._paths = layout.log_path_function(manifest.data_dir, manifest.site)
@@ -144,7 +150,7 @@ class Reconciliation:
     @classmethod
     def start_if_needed(
         cls,
-        manifest: SiteManifest,
+        manifest: SweptIndex,
         sessions: set[Session],
         *,
         damaged: bool,

@@ -51,7 +51,7 @@ from .codec import (
     erased_entry,
     generations,
 )
-from .reconcile import Reconciliation, end_session, logs_under, new_session
+from .reconcile import Reconciliation, end_session, new_session
 from .snapshot import encode_snapshot
 from .state import DiskState, read_state
 from .table import ManifestTable
@@ -133,8 +133,8 @@ class SiteManifest:
         self._no_manifest = not found.base and not found.live_journals
 
     def _read_state(self, base: int, journals: list[int]) -> DiskState:
-        def discover() -> list[str]:
-            return list(logs_under(self.ops, layout.conversations_dir(self.data_dir, self.site)))
+        def discover() -> list[str]:  # a damaged snapshot's last resort: the logs themselves
+            return [cid for cid, _ in layout.iter_logs(self.ops, self.data_dir, self.site)]
 
         return read_state(self.ops, self.directory, base, journals, discover=discover)
 

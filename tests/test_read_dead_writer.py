@@ -1,0 +1,155 @@
+"""A writer killed between its ``fdatasync`` and its commit point, read by a store that already had the
+conversation loaded (what another ``serve --workers N`` worker is).
+
+The dead writer's frame is durable but was never acknowledged, and the commit point did not move, so the
+reader's one-``pread`` freshness check says "nothing new". A client whose append got no answer asks
+"was my batch stored?" by reading the end (logstore.client's stored-check): if that read says no while
+the next append takes the frame in (recovery under the lock does), the client's resend is a duplicate.
+So a read that reaches the end looks past it, and with the file lock free takes the frame in first.
+Tested with two lock owners in one process and with a real process killed by SIGKILL; both fail if the
+read serves only up to the commit point.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+
+from logstore import Store
+from logstore.file.fileio import FileOps
+
+SITE, CID = "site-a", "dead-writer-01"
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class Killed(BaseException):
+    """The writer's end right after its log ``fdatasync``: nothing of it runs after (no commit point, no
+    acknowledgement); as a BaseException the ``finally`` blocks release its flock as the kernel would."""
+
+
+class KillAfterLogSync(FileOps):
+    def __init__(self) -> None:
+        self.logs: set[int] = set()
+        self.armed = False
+
+    def open(self, path: str, flags: int, mode: int = 0o600) -> int:
+        fd = super().open(path, flags, mode)
+        (self.logs.add if path.endswith(".log") else self.logs.discard)(fd)
+        return fd
+
+    def fdatasync(self, fd: int) -> None:
+        super().fdatasync(fd)
+        if self.armed and fd in self.logs:
+            self.armed = False
+            raise Killed
+
+
+def _payloads(items) -> list[object]:
+    return [(i.seq, i.payload) for i in items]
+
+
+def _check_reader(reader: Store, data: str) -> None:
+    """What the reader (conversation loaded before the writer died) serves, then appends."""
+    dead = (2, {"n": "stored, never acknowledged"})
+    assert _payloads(reader.replay(SITE, CID, 2, 5)) == [dead]  # "was my batch stored?": yes
+    assert _payloads(reader.recall(SITE, CID, 1)) == [dead]
+    assert reader.append(SITE, CID, [{"n": "next"}]).first == 3  # agrees with what it read
+    with Store(data) as fresh:
+        assert [i.seq for i in fresh.replay(SITE, CID, 0, 10)] == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("first_read", ["replay", "recall"])
+def test_two_stores_a_dead_writers_durable_frame_is_read_before_it_is_appended_over(tmp_path, first_read):
+    data = str(tmp_path / "data")
+    ops = KillAfterLogSync()
+    reader = Store(data)
+    writer = Store(data, file_ops=ops)
+    try:
+        reader.append(SITE, CID, [{"n": 0}])
+        writer.append(SITE, CID, [{"n": 1}])
+        assert [i.seq for i in reader.recall(SITE, CID, 10)] == [0, 1]  # loaded, record agreed
+        ops.armed = True
+        with pytest.raises(Killed):
+            writer.append(SITE, CID, [{"n": "stored, never acknowledged"}])
+        assert not ops.armed
+        if first_read == "recall":  # any read that reaches the end looks, not only the stored-check
+            assert [i.seq for i in reader.recall(SITE, CID, 10)] == [0, 1, 2]
+        _check_reader(reader, data)
+    finally:
+        reader.close()
+        writer.close()  # the test's own descriptors (a killed process loses them)
+
+
+_CHILD = textwrap.dedent(
+    """
+    import os, signal, sys
+    sys.path.insert(0, sys.argv[2])
+    from logstore import Store
+    from logstore.file.fileio import FileOps
+
+    class KillAfterLogSync(FileOps):
+        logs = set()
+        def open(self, path, flags, mode=0o600):
+            fd = super().open(path, flags, mode)
+            (self.logs.add if path.endswith(".log") else self.logs.discard)(fd)
+            return fd
+        def fdatasync(self, fd):
+            super().fdatasync(fd)
+            if fd in self.logs:
+                os.kill(os.getpid(), signal.SIGKILL)  # after the log's fdatasync, before the commit point
+
+    Store(sys.argv[1], file_ops=KillAfterLogSync()).append(
+        "site-a", "dead-writer-01", [{"n": "stored, never acknowledged"}]
+    )
+    """
+)
+
+
+def test_a_worker_killed_after_its_fdatasync_is_read_by_another_process_that_had_the_log_loaded(tmp_path):
+    data = str(tmp_path / "data")
+    with Store(data) as reader:
+        reader.append(SITE, CID, [{"n": 0}])
+        reader.append(SITE, CID, [{"n": 1}])
+        assert [i.seq for i in reader.recall(SITE, CID, 10)] == [0, 1]
+        child = subprocess.run([sys.executable, "-c", _CHILD, data, ROOT], capture_output=True, timeout=120)
+        assert child.returncode == -signal.SIGKILL, child.stderr.decode()
+        _check_reader(reader, data)
+
+
+def test_a_live_writers_frame_past_the_end_is_neither_served_nor_waited_for(tmp_path):
+    """The look past the end takes the file lock only if it is free at once: a writer of another store
+    holding it (here: stopped inside its ``fdatasync``) keeps its frame to itself until it acknowledges."""
+    data = str(tmp_path / "data")
+    entered, proceed = threading.Event(), threading.Event()
+
+    class StuckSync(FileOps):
+        armed = False
+
+        def fdatasync(self, fd: int) -> None:
+            if self.armed:
+                self.armed = False
+                entered.set()
+                assert proceed.wait(60)
+            super().fdatasync(fd)
+
+    ops = StuckSync()
+    with Store(data, file_ops=ops) as writer, Store(data, lock_timeout=0.05) as reader:
+        writer.append(SITE, CID, [{"n": 0}])
+        assert [i.seq for i in reader.recall(SITE, CID, 10)] == [0]
+        ops.armed = True
+        thread = threading.Thread(target=writer.append, args=(SITE, CID, [{"n": "in flight"}]))
+        thread.start()
+        try:
+            assert entered.wait(30)
+            assert reader.replay(SITE, CID, 1, 5) == []  # lock_timeout 0.05: a wait would raise Timeout
+            assert [i.seq for i in reader.recall(SITE, CID, 10)] == [0]
+        finally:
+            proceed.set()
+            thread.join(30)
+        assert _payloads(reader.replay(SITE, CID, 1, 5)) == [(1, {"n": "in flight"})]
