@@ -86,18 +86,24 @@ _IMPORT_ITEMS = """, batch AS (
     FROM conv, unnest(%(payloads)b::bytea[]) WITH ORDINALITY AS item(payload, ord)
 )
 SELECT next_seq FROM conv"""
-_IMPORT_FIRST = """WITH conv AS (
+_IMPORT_FIRST = (
+    """WITH conv AS (
     INSERT INTO logstore_conversations (site, conversation_id, next_seq, created_at, last_appended_at)
     VALUES (%(site)s, %(cid)s, %(next)s, %(at)s, %(at)s)
     ON CONFLICT (site, conversation_id) DO NOTHING
     RETURNING next_seq
-)""" + _IMPORT_ITEMS
-_IMPORT_NEXT = """WITH conv AS (
+)"""
+    + _IMPORT_ITEMS
+)
+_IMPORT_NEXT = (
+    """WITH conv AS (
     UPDATE logstore_conversations SET next_seq = %(next)s, last_appended_at = %(at)s
     WHERE site = %(site)s AND conversation_id = %(cid)s AND next_seq = %(first)s
         AND last_appended_at <= %(at)s
     RETURNING next_seq
-)""" + _IMPORT_ITEMS
+)"""
+    + _IMPORT_ITEMS
+)
 _STORED = "SELECT next_seq FROM logstore_conversations WHERE site = %s AND conversation_id = %s"
 _STATE = """SELECT next_seq, last_appended_at FROM logstore_conversations
 WHERE site = %s AND conversation_id = %s"""
