@@ -23,6 +23,7 @@ import pytest
 
 from logstore import Store
 from logstore.file.fileio import FileOps
+from logstore.file.log import conversation
 
 SITE, CID = "site-a", "dead-writer-01"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -153,3 +154,56 @@ def test_a_live_writers_frame_past_the_end_is_neither_served_nor_waited_for(tmp_
             proceed.set()
             thread.join(30)
         assert _payloads(reader.replay(SITE, CID, 1, 5)) == [(1, {"n": "in flight"})]
+
+
+def test_a_read_waits_for_a_settle_in_progress_instead_of_serving_without_the_frame(tmp_path, monkeypatch):
+    """After a crash the manifest's reconciliation settles each conversation (``summary``) while the first
+    reads arrive. A read that passed the commit point check, then finds the dead writer's frame while that
+    settle holds the commit lock, waits for it: skipping served it without the frame, and the client
+    writer's stored-check then resent a stored batch (the duplicate seen in CI)."""
+    data = str(tmp_path / "data")
+    in_sync, release, looked = threading.Event(), threading.Event(), threading.Event()
+    box: dict[str, object] = {}
+
+    class ReaderOps(FileOps):
+        def fdatasync(self, fd: int) -> None:
+            if threading.current_thread().name == "settle" and not in_sync.is_set():
+                in_sync.set()  # the settle took the dead frame in and is making it durable
+                assert release.wait(60)
+            super().fdatasync(fd)
+
+    def looking(prefix: bytes) -> bool:
+        nothing = real_no_frame_in(prefix)
+        if not nothing and threading.current_thread().name == "read" and "settle" not in box:
+            # The read found the frame past its snapshot's end: a settle starts now and stops inside.
+            settle = box["settle"] = threading.Thread(target=box["conv"].summary, name="settle")
+            settle.start()
+            assert in_sync.wait(30), "the settle never reached the frame's fdatasync"
+            looked.set()
+        return nothing
+
+    real_no_frame_in = conversation.no_frame_in
+    monkeypatch.setattr(conversation, "no_frame_in", looking)
+    ops, killer = ReaderOps(), KillAfterLogSync()
+    reader, writer = Store(data, file_ops=ops), Store(data, file_ops=killer)
+    try:
+        reader.append(SITE, CID, [{"n": 0}])
+        writer.append(SITE, CID, [{"n": 1}])
+        assert [i.seq for i in reader.recall(SITE, CID, 10)] == [0, 1]
+        killer.armed = True
+        with pytest.raises(Killed):
+            writer.append(SITE, CID, [{"n": "stored, never acknowledged"}])
+        box["conv"] = reader._handles[(SITE, CID)]
+        got: list = []
+        read = threading.Thread(target=lambda: got.append(reader.replay(SITE, CID, 2, 5)), name="read")
+        read.start()
+        assert looked.wait(30), "the read never looked past the end"
+        release.set()
+        read.join(30)
+        box["settle"].join(30)  # type: ignore[attr-defined]
+        assert not read.is_alive()
+        assert [_payloads(page) for page in got] == [[(2, {"n": "stored, never acknowledged"})]]
+    finally:
+        release.set()
+        reader.close()
+        writer.close()

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -84,6 +85,8 @@ class ConversationLog(LogHandle):
         self._on_create = on_create
         self._on_commit = on_commit
         self._group = GroupCommit(self._commit_io)
+        # Set while a settle holds ``_commit_lock``: what a read that found a frame past the end waits for.
+        self._settling: threading.Event | None = None
 
     def summary(self) -> CommitInfo | None:
         """Created/last timestamps for the manifest's reconciliation after a crash; None if the log holds
@@ -176,12 +179,19 @@ class ConversationLog(LogHandle):
         Taking them in now (``_load_locked_io`` fdatasyncs them and moves the record) makes this read
         agree with the next append, which would take them in anyway. A busy lock is a live
         writer mid-commit: its frames are its own to record. A local commit in flight (``_commit_lock``
-        taken: it may be waiting for the flock) takes them in itself: a reader never waits behind it."""
+        taken: it may be waiting for the flock) takes them in itself: a reader never waits behind it.
+        Another settle in progress (the reconciliation after a crash runs one per conversation) is waited
+        for: it never waits for the flock, and skipping it would serve this read without the frame it takes
+        in (a client's "was my batch stored?" would say no, and its resend would be a duplicate)."""
         if self._commit_lock.locked():
+            settling = self._settling
+            if settling is not None:
+                settling.wait(self.lock_timeout)
             return
         with self._commit_lock:  # ``with``: an interrupt cannot land between take and try
             if self._closed:
                 raise Unavailable("store is closed")
+            done = self._settling = threading.Event()
             try:
                 self._file_lock.acquire(0.0)
                 with self._io_lock:
@@ -189,7 +199,11 @@ class ConversationLog(LogHandle):
             except Timeout:
                 pass
             finally:
-                self._file_lock.release()
+                try:
+                    self._file_lock.release()
+                finally:
+                    self._settling = None
+                    done.set()
 
     def _refresh_unlocked_io(self) -> bool:
         """Take in what the commit point vouches for. False if only recovery under the file lock can tell.
