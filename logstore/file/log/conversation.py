@@ -19,9 +19,9 @@
   may): when the lock-free load cannot tell (no record, another boot's, another file, damage the record
   does not name, a log that disagrees: ``_refresh_under_lock``, waiting up to ``lock_timeout``, also
   behind a local commit's flock wait); when a read finds frames past the record (a dead writer's, to be
-  taken in as the next append would: ``_settle_if_free``, one try, never waiting, skipped while a local
-  commit is in flight); and when the index disagrees with the log (``_verify_and_rebuild``: a rescan,
-  waiting up to ``lock_timeout``).
+  taken in as the next append would: ``_settle_if_free``, one flock try; skipped while a commit holds
+  the commit lock, waits for another settle); when the index disagrees with the log (a rescan, up to
+  ``lock_timeout``: ``_verify_and_rebuild``).
 - An index entry that disagrees with the log is never served: the log is rescanned under the lock and
   the index rewritten. A bad frame inside the acknowledged region is ``Corrupted(path, offset)``: reads
   before it work, appends stop.
@@ -85,8 +85,7 @@ class ConversationLog(LogHandle):
         self._on_create = on_create
         self._on_commit = on_commit
         self._group = GroupCommit(self._commit_io)
-        # Set while a settle holds ``_commit_lock``: what a read that found a frame past the end waits for.
-        self._settling: threading.Event | None = None
+        self._settling: threading.Event | None = None  # set while a settle holds ``_commit_lock``
 
     def summary(self) -> CommitInfo | None:
         """Created/last timestamps for the manifest's reconciliation after a crash; None if the log holds
@@ -188,11 +187,12 @@ class ConversationLog(LogHandle):
             if settling is not None:
                 settling.wait(self.lock_timeout)
             return
+        done = threading.Event()
         with self._commit_lock:  # ``with``: an interrupt cannot land between take and try
             if self._closed:
                 raise Unavailable("store is closed")
-            done = self._settling = threading.Event()
             try:
+                self._settling = done
                 self._file_lock.acquire(0.0)
                 with self._io_lock:
                     self._refresh_locked_io()
