@@ -175,7 +175,7 @@ def test_a_stale_page_during_a_lock_free_scan_is_never_reported_as_damage(tmp_pa
         writer.append(SITE, CID, [{"n": 0}])
         assert _seqs(reader.recall(SITE, CID, 10)) == [0]
         conv = reader._handles[(SITE, CID)]
-        end = conv._state.end
+        end = conv._files.state.end
         writer.append(SITE, CID, [{"n": 1}])  # at ``end``
         writer.append(SITE, CID, [{"n": 2}])  # a later write: zeros before it would look like a hole
         ops.at, ops.stale = end, 64
@@ -185,7 +185,7 @@ def test_a_stale_page_during_a_lock_free_scan_is_never_reported_as_damage(tmp_pa
         finally:
             lock.close()
         assert ops.at is None, "the stale view was never served to the scan"
-        assert conv._state.corrupt is None
+        assert conv._files.state.corrupt is None
         assert reader.append(SITE, CID, [{"n": 3}]).first == 3
 
 
@@ -213,18 +213,18 @@ def test_commits_during_a_lock_free_scan_are_not_damage_and_are_seen_by_the_next
             a.append(SITE, CID, [{"k": k}])
         assert _seqs(b.recall(SITE, CID, 3)) == [2, 3, 4]
         a.append(SITE, CID, [{"k": "X0"}])  # acknowledged before B's read starts
-        p = a._handles[(SITE, CID)]._state.end
+        p = a._handles[(SITE, CID)]._files.state.end
 
         def two_commits() -> None:
             a.append(SITE, CID, [{"k": "X1"}])  # at p
             a.append(SITE, CID, [{"k": "X2"}])
 
-        ops.target, ops.hook = b._handles[(SITE, CID)]._state.end, two_commits
+        ops.target, ops.hook = b._handles[(SITE, CID)]._files.state.end, two_commits
         first = _seqs(b.recall(SITE, CID, 10))
         assert ops.hook is None, "the hook never ran"
         assert first[:6] == [0, 1, 2, 3, 4, 5] and first in ([0, 1, 2, 3, 4, 5], list(range(8)))
         assert _payloads(b.recall(SITE, CID, 3)) == [{"k": "X0"}, {"k": "X1"}, {"k": "X2"}]
-        assert p < a._handles[(SITE, CID)]._state.end
+        assert p < a._handles[(SITE, CID)]._files.state.end
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -444,7 +444,7 @@ def test_a_cut_during_a_lock_free_scan_is_never_served(tmp_path):
     with Store(data) as w, Store(data, file_ops=ops, lock_timeout=5.0) as r:
         w.append(SITE, CID, [{"n": 0}])
         assert _seqs(r.recall(SITE, CID, 10)) == [0]
-        end = r._handles[(SITE, CID)]._state.end
+        end = r._handles[(SITE, CID)]._files.state.end
         w.append(SITE, CID, [{"n": "cut 1"}])
         w.append(SITE, CID, [{"n": "cut 2"}])
 

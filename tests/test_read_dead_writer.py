@@ -24,6 +24,7 @@ import pytest
 from logstore import Store
 from logstore.file.fileio import FileOps
 from logstore.file.log import conversation
+from logstore.file.log.freshness import Past
 
 SITE, CID = "site-a", "dead-writer-01"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -172,18 +173,18 @@ def test_a_read_waits_for_a_settle_in_progress_instead_of_serving_without_the_fr
                 assert release.wait(60)
             super().fdatasync(fd)
 
-    def looking(prefix: bytes) -> bool:
-        nothing = real_no_frame_in(prefix)
-        if not nothing and threading.current_thread().name == "read" and "settle" not in box:
+    def looking(prefix: bytes) -> Past:
+        past = real_past_in(prefix)
+        if past is Past.FRAME and threading.current_thread().name == "read" and "settle" not in box:
             # The read found the frame past its snapshot's end: a settle starts now and stops inside.
             settle = box["settle"] = threading.Thread(target=box["conv"].summary, name="settle")
             settle.start()
             assert in_sync.wait(30), "the settle never reached the frame's fdatasync"
             looked.set()
-        return nothing
+        return past
 
-    real_no_frame_in = conversation.no_frame_in
-    monkeypatch.setattr(conversation, "no_frame_in", looking)
+    real_past_in = conversation.past_in
+    monkeypatch.setattr(conversation, "past_in", looking)
     ops, killer = ReaderOps(), KillAfterLogSync()
     reader, writer = Store(data, file_ops=ops), Store(data, file_ops=killer)
     try:

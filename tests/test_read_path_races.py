@@ -163,7 +163,7 @@ def test_a_reader_racing_close_gets_unavailable_and_leaves_no_descriptor_open(tm
     assert len(store.recall(SITE, CID, 10)) == 3
     conv = store._handles[(SITE, CID)]
     guard = ClosingGuard(conv)
-    conv._fd_readers = guard
+    conv._files._fd_readers = guard
     closer = threading.Thread(target=store.close)
 
     def close_while_reading() -> None:
@@ -172,7 +172,8 @@ def test_a_reader_racing_close_gets_unavailable_and_leaves_no_descriptor_open(tm
         # the conversation until it has closed the descriptors.
         assert guard.closing.wait(30), "close() never reached the descriptors"
 
-    ops.target, ops.hook = (0, conv._state.end + PREFIX_SIZE), close_while_reading  # the read + a look past
+    # The read's pread: the region and the look past its end.
+    ops.target, ops.hook = (0, conv._files.state.end + PREFIX_SIZE), close_while_reading
     with pytest.raises(Unavailable):
         store.recall(SITE, CID, 10)  # the zeros disagree with the index: it rescans, after close()
     assert ops.hook is None, "the race was not set up"
@@ -256,8 +257,8 @@ class StateLockProbe(FileOps):
 
     def pread(self, fd: int, size: int, offset: int) -> bytes:
         conv = self.store._handles.get((SITE, CID)) if self.store is not None else None
-        if conv is not None and conv._log_fd == fd:
-            self.held.append(conv._state_lock.locked())
+        if conv is not None and conv._files._log_fd == fd:
+            self.held.append(conv._files._state_lock.locked())
         return super().pread(fd, size, offset)
 
 

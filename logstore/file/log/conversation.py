@@ -1,14 +1,17 @@
-"""One conversation: its log file, its sidecar index, its commit point, group commit, and reads.
+"""One conversation: the protocol (locks, group commit, settling, reads) over its files (``LogFiles``:
+the log, its sidecar index and its commit point, their descriptors and the published state).
 
 - State: ONE immutable ``recovery.LogState`` (entries, end, next seq, timestamps, tail, damage, the
   commit point record it agrees with), replaced whole by each commit and refresh and swapped under
-  ``_state_lock``; readers take the reference once. Everything a published state holds is durable.
+  ``LogFiles._state_lock``; readers take the reference once. Everything a published state holds is
+  durable. This class never touches a descriptor or the state itself: it calls ``LogFiles``, whose
+  methods say which of this class's locks they need.
 - Appends: one leader per group (``group_commit``) takes the cross-process lock, refreshes against the
   commit point and the file, writes every frame with one ``pwrite`` and one ``fdatasync``, moves the
   commit point (``commit_point``), publishes the new state, extends the index (a hint: may lag, never
   lead) and wakes the followers. Acknowledged only after all of that. A failed write or fsync poisons the
-  handle (``tail``): the unacknowledged bytes are cut off, descriptors closed, the next operation
-  reopens with recovery.
+  files (``LogFiles.poison``): the unacknowledged bytes are cut off, descriptors closed, the next
+  operation reopens with recovery.
 - Reads (``reads``) start with one ``pread`` of the commit point: if it is the record the published
   state agrees with, the state is current (no other syscall); if it moved, the frames it vouches for are
   taken in (durable: no torn tail to judge), else the log is loaded again without the file lock. A read
@@ -32,34 +35,31 @@ Lock order (one name per lock; never take a lock to the left while holding one t
   -> ``_file_lock`` (the cross-process flock)
   -> ``_io_lock`` (one thread touches descriptors and builds state; the leader holds it only once it has
   the flock, for refresh + write + fsync + publish)
-  -> ``_state_lock`` (the published state; held briefly, never for I/O but closing descriptors)
-  -> ``_fd_readers`` (readers mid-``pread``; closing descriptors waits for them).
+  -> ``LogFiles._state_lock`` (the published state; held briefly, never for I/O but closing descriptors)
+  -> ``LogFiles._fd_readers`` (readers mid-``pread``; closing descriptors waits for them).
   The group-commit queue lock is a leaf, taken with none of these held.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
 
 from ...core import observe
 from ...core.errors import Corrupted, Io, Timeout, Unavailable
 from ...core.models import MemoryItem, SeqRange
-from .. import boot
 from ..fileio import FileOps
 from ..layout import ConversationPaths
-from .commit_point import CommitPoint, encode, read_raw, write_empty, write_raw
+from ..locking import PathLock
+from .files import LogFiles
 from .frame import PREFIX_SIZE
+from .freshness import Action, Record, decide, past_in
 from .group_commit import AppendRequest, GroupCommit
-from .handle import LogHandle
 from .reads import corrupted, decode_region, items_of
 from .seq_index import IndexMismatch, locate
-from .tail import no_frame_in, nothing_after, trim
-from .writer import CommitInfo, encode_group, write_group
+from .writer import CommitInfo, encode_group
 
 __all__ = ["ConversationLog", "AppendRequest", "CommitInfo"]
 
@@ -70,7 +70,7 @@ def _now_us() -> int:
     return time.time_ns() // 1000
 
 
-class ConversationLog(LogHandle):
+class ConversationLog:
     def __init__(
         self,
         ops: FileOps,
@@ -81,9 +81,22 @@ class ConversationLog(LogHandle):
         on_create: Callable[[str], None] | None = None,
         on_commit: Callable[[CommitInfo], None] | None = None,
     ) -> None:
-        super().__init__(ops, conversation_id, paths, lock_timeout=lock_timeout)
+        self.conversation_id = conversation_id
+        self.paths = paths
+        self.lock_timeout = lock_timeout
+        self._files = LogFiles(ops, paths)
+        self._directory_ready = ops.exists(paths.directory)
         self._on_create = on_create
         self._on_commit = on_commit
+        # Owned by this object alone and closed only by ``close`` (under ``_commit_lock``, after which no
+        # commit can start): see logstore/locking.py for why there is no shared registry.
+        self._file_lock = PathLock(paths.lock)
+        # The one thread of this process that may hold the file lock (flock belongs to the open file
+        # description, so two threads of one owner would both "hold" it): commits, locked refreshes,
+        # trims. Taken *before* the file lock, so readers (``_io_lock``) never wait behind a flock wait.
+        self._commit_lock = threading.Lock()
+        self._io_lock = threading.Lock()  # one thread at a time touches descriptors/builds state
+        self._closed = False
         self._group = GroupCommit(self._commit_io)
         self._settling: threading.Event | None = None  # set while a settle holds ``_commit_lock``
 
@@ -94,7 +107,7 @@ class ConversationLog(LogHandle):
         agree); if a live writer holds it, that writer records its own commit."""
         self._ensure_fresh()
         self._settle_if_free()
-        state = self._state
+        state = self._files.state
         if state.created_at is None or state.last_at is None:
             return None
         return CommitInfo(self.conversation_id, state.created_at, state.last_at, state.end, state.next_seq)
@@ -108,8 +121,7 @@ class ConversationLog(LogHandle):
             finally:
                 with self._io_lock:
                     self._closed = True
-                    with self._state_lock:
-                        self._close_fds()
+                    self._files.close()
                 self._file_lock.close()
 
     def sync_index(self) -> None:
@@ -117,17 +129,14 @@ class ConversationLog(LogHandle):
         with self._commit_lock:
             self._trim_now()  # the index is written under the file lock only (a stale writer cuts)
             with self._io_lock:
-                self._index.sync()
+                self._files.sync_index()
 
     def _trim_now(self) -> None:
         """Clean close or eviction: give back the preallocated tail and bring the index up to the log,
         so a closed conversation costs no unused chunk and its next open scans nothing. Best effort, and
         only if the file lock is free at once (another process appending owns the tail now). Caller holds
         ``_commit_lock``."""
-        state = self._state
-        if self._closed or not self._loaded or self._log_fd is None:
-            return
-        if state.size <= state.end and self._index.valid >= state.frames:
+        if self._closed or not self._files.trim_wanted():
             return  # nothing to give back, nothing to index: no lock taken
         try:
             try:
@@ -136,16 +145,8 @@ class ConversationLog(LogHandle):
                 return
             try:
                 with self._io_lock:
-                    # Refreshed under the lock: frames absorbed from another process are durable (the
-                    # refresh fdatasyncs what no record vouched for) before the index names them.
                     self._refresh_locked_io()
-                    state = self._state
-                    if self._log_fd is None:
-                        return
-                    if state.size > state.end and state.corrupt is None:
-                        trim(self.ops, self._log_fd, state.end)
-                        self._publish(replace(state, size=state.end))
-                    self._index.write(state.entries, state.frames, state.end, force=True)
+                    self._files.trim_and_index()
             finally:
                 self._file_lock.release()
         except (OSError, Io, Unavailable, Corrupted) as exc:
@@ -157,15 +158,16 @@ class ConversationLog(LogHandle):
         any process before this call, and nothing that is not durable."""
         if self._closed:
             raise Unavailable("store is closed")
-        if self._loaded:
+        files = self._files
+        if files.loaded:
             try:
-                raw = self._read_point()
+                raw = files.read_point()
             except OSError:
                 raw = b""  # the refresh below reports it, or gets past it
             if raw is not None:
-                if raw == self._state.point:
-                    return  # the fast path: one pread
-            elif self._log_fd is None and not self.ops.exists(self.paths.log):
+                if raw == files.state.point:
+                    return  # the fast path, one pread: ``freshness.decide``'s SAME -> SERVE, inline
+            elif not files.has_log and not files.ops.exists(self.paths.log):
                 return  # still no log
         with self._io_lock:  # ``with``, not acquire(): an interrupt cannot land between take and try
             fresh = self._refresh_unlocked_io()
@@ -210,16 +212,7 @@ class ConversationLog(LogHandle):
         Caller holds ``_io_lock``."""
         if self._closed:
             raise Unavailable("store is closed")
-        if not self._loaded or self._log_fd is None or self._point_fd is None:
-            return self._load_unlocked_io()
-        try:
-            raw = read_raw(self.ops, self._point_fd)
-            state = self._state
-            if raw == state.point or self._extend_io(state, raw):
-                return True
-        except OSError as exc:
-            raise self._io_error("read", exc) from exc
-        return self._load_unlocked_io()
+        return self._files.refresh_unlocked()
 
     def _refresh_under_lock(self) -> None:
         with self._commit_lock:
@@ -233,35 +226,11 @@ class ConversationLog(LogHandle):
                 self._file_lock.release()
 
     def _refresh_locked_io(self) -> None:
-        """Bring the state up to the file. Caller holds ``_commit_lock``, the file lock and ``_io_lock``.
-
-        The commit point tells what other processes committed; past it, bytes can only be a writer's that
-        died before its record (or its fdatasync): then recovery judges them, and whatever it keeps is
-        fdatasynced before anything vouches for it."""
+        """Bring the state up to the file (``LogFiles.refresh_locked``: recovery judges any bytes past the
+        commit point). Caller holds ``_commit_lock``, the file lock and ``_io_lock``."""
         if self._closed:
             raise Unavailable("store is closed")
-        if not self._loaded or self._log_fd is None or self._point_fd is None:
-            self._load_locked_io()
-            return
-        fd = self._log_fd
-        try:
-            raw = read_raw(self.ops, self._point_fd)
-            state = self._state
-            if raw != state.point and not self._extend_io(state, raw):
-                self._load_locked_io()
-                return
-            state = self._state
-            # None once erased (logstore.file.erasure) or replaced: never append to a file the path no
-            # longer names. (Erasure and repairs also invalidate the record; this is the backstop.)
-            size = self.ops.size_if_named(fd, self.paths.log, self._log_id)
-            past_end = size is not None and size > state.end and state.corrupt is None  # not the damage
-            if size is None or (past_end and not nothing_after(self.ops, fd, state.end)):
-                self._load_locked_io()
-                return
-        except OSError as exc:
-            raise self._io_error("refresh", exc) from exc
-        if size != state.size:  # another process grew or trimmed the preallocated tail
-            self._publish(replace(state, size=size))
+        self._files.refresh_locked()
 
     # ------------------------------------------------------------------ appends
     def append(self, request: AppendRequest) -> SeqRange:
@@ -272,11 +241,11 @@ class ConversationLog(LogHandle):
         with self._commit_lock:
             if self._closed:  # before the lock fd could be reopened after close() closed it
                 raise Unavailable("store is closed")
-            if not self._directory_ready:
+            if not self._directory_ready:  # the file lock lives there
                 try:
-                    self.ops.makedirs_durable(self.paths.directory)
+                    self._files.ops.makedirs_durable(self.paths.directory)
                 except OSError as exc:
-                    raise self._io_error("mkdir", exc) from exc
+                    raise self._files.io_error("mkdir", exc) from exc
                 self._directory_ready = True
             try:
                 self._file_lock.acquire(self.lock_timeout)
@@ -287,38 +256,26 @@ class ConversationLog(LogHandle):
 
     def _commit_group(self, group: list[AppendRequest]) -> None:
         """Caller holds ``_commit_lock``, the file lock and ``_io_lock``."""
+        files = self._files
         self._refresh_locked_io()
-        if self._log_fd is None:
-            self._create_log()
-        if self._state.corrupt is not None:
-            offset, reason = self._state.corrupt
+        if not files.has_log:
+            if self._on_create is not None:
+                self._on_create(self.conversation_id)  # durable manifest record first: manifest ⊇ logs
+            files.create()
+        corrupt = files.state.corrupt
+        if corrupt is not None:
+            offset, reason = corrupt
             raise Corrupted(
                 f"conversation log {self.paths.log} is corrupted at byte {offset} ({reason}); "
                 "appends are refused until it is repaired (logstore fsck)",
                 path=self.paths.log,
                 offset=offset,
             )
-        if self._unsafe_from is not None:
-            self._drop_unsafe_tail()
+        files.drop_unsafe_tail()
         self._write_group(group)
 
-    def _create_log(self) -> None:
-        if self._on_create is not None:
-            self._on_create(self.conversation_id)  # durable manifest record first: manifest ⊇ logs on disk
-        try:
-            # A record at 0 first: a reader that finds the new log before its first record needs no lock.
-            write_empty(self.ops, self.paths.lock)
-            # The directory entry is made durable by the first frame's commit (``_write_group``), which
-            # also covers a log left by an attempt or a process that failed before syncing it.
-            fd = self.ops.open(self.paths.log, os.O_RDWR | os.O_CREAT)
-            self.ops.close(fd)
-        except OSError as exc:
-            raise self._io_error("create", exc) from exc
-        self._load_locked_io()
-
     def _write_group(self, group: list[AppendRequest]) -> None:
-        assert self._log_fd is not None and self._point_fd is not None
-        state = self._state
+        state = self._files.state
         encoded = encode_group(
             group,
             next_seq=state.next_seq,
@@ -329,28 +286,13 @@ class ConversationLog(LogHandle):
         )
         if encoded is None:
             return
-        point = encode(CommitPoint(boot.boot_id(), self._epoch, self._ino, encoded.end, encoded.next_seq))
         try:
-            done = write_group(
-                self.ops,
-                self._log_fd,
-                state,
-                encoded,
-                chunk=self._chunk,
-                directory=self.paths.directory,
-                point=point,
-            )
-            write_raw(self.ops, self._point_fd, point)  # durable: the commit point moves, for everyone
-        except OSError as exc:
-            self._poison()
-            error = self._io_error("write+fdatasync", exc)
+            done = self._files.write(encoded)
+        except Io as error:  # the files are poisoned: no batch of the group is acknowledged
             for req, _ in encoded.accepted:
                 req.error, req.done = error, True
             return
-        # Publish, then maybe extend the index (a hint; after the fsync: never leads the log).
-        self._chunk, new = done.chunk, done.state
-        self._publish(new)
-        self._index.write(new.entries, new.frames, new.end)
+        new = done.state
         for req, first in encoded.accepted:
             req.result, req.done = SeqRange(first, first + req.count - 1), True
         # The batches are durable and acknowledged: a failure from here on is reported, never theirs, and
@@ -385,10 +327,9 @@ class ConversationLog(LogHandle):
         if limit <= 0:
             return []
         self._ensure_fresh()
-        looked = False
+        files, looked = self._files, False
         for _attempt in range(4):
-            with self._state_lock:
-                state, generation = self._state, self._generation
+            state, generation = files.snapshot()
             first = max(0, state.next_seq - limit) if start is None else start
             if state.corrupt is not None and (start is None or first + limit > state.next_seq):
                 # Judged under the file lock (the only place damage is judged). The tail is unknown past
@@ -396,7 +337,7 @@ class ConversationLog(LogHandle):
                 raise corrupted(self.paths.log, *state.corrupt)
             stop = min(first + limit, state.next_seq)
             look = not looked and state.corrupt is None and first + limit >= state.next_seq
-            if first >= stop and (not look or self._log_fd is None):  # (no fd: no log, nothing past it)
+            if first >= stop and (not look or not files.has_log):  # (no fd: no log, nothing past it)
                 return []
             try:
                 bounds: list[tuple[int, int]] = []
@@ -405,11 +346,12 @@ class ConversationLog(LogHandle):
                     bounds, region_end = locate(state.entries, state.frames, first, stop, state.end)
                     region_start = bounds[0][0]
                 size = region_end - region_start
-                data = self._pread(generation, region_start, size + (PREFIX_SIZE if look else 0))
+                data = files.pread(generation, region_start, size + (PREFIX_SIZE if look else 0))
                 if data is None:  # descriptors were swapped under us (poison/reload): take a new snapshot
                     self._ensure_fresh()
                     continue
-                if look and not no_frame_in(data[size:]):
+                past = past_in(data[size:]) if look else None
+                if past is not None and decide(locked=False, record=Record.SAME, past=past) is Action.SETTLE:
                     looked = True
                     self._settle_if_free()
                     continue
@@ -420,16 +362,9 @@ class ConversationLog(LogHandle):
                 self._verify_and_rebuild(state.end)
                 continue
             except OSError as exc:
-                raise self._io_error("read", exc) from exc
+                raise files.io_error("read", exc) from exc
             return items_of(frames, first, stop, path=self.paths.log)
         raise Unavailable(f"conversation {self.conversation_id} kept changing under a read; retry")
-
-    def _pread(self, generation: int, offset: int, length: int) -> bytes | None:
-        """``length`` bytes of the log at ``offset``, or None if its descriptor is not ``generation``'s."""
-        with self._fd_readers:
-            if self._generation != generation or self._log_fd is None:
-                return None
-            return self.ops.pread(self._log_fd, length, offset)
 
     def _verify_and_rebuild(self, believed_end: int) -> None:
         """The index disagreed with the log: rescan the whole log (the truth) under the file lock and
@@ -442,9 +377,9 @@ class ConversationLog(LogHandle):
                 with self._io_lock:
                     if self._closed:
                         raise Unavailable("store is closed")
-                    self._load_locked_io(believed_end=believed_end)
+                    self._files.load_locked(believed_end=believed_end)
             finally:
                 self._file_lock.release()
         log.warning(
-            "rebuilt in-memory index of %s from the log (%d frames)", self.paths.log, self._state.frames
+            "rebuilt in-memory index of %s from the log (%d frames)", self.paths.log, self._files.state.frames
         )

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from ..fileio import FileOps
-from .frame import FORMAT_VERSION, Frame, Invalid, NeedMore
+from .frame import FORMAT_VERSION, Frame, Invalid, NeedMore, decode_header
 from .index_codec import ENTRY_SIZE, decode_entry, encode_entry
 from .scanner import ScanResult, ScanState, read_frame_at, scan_log
 
@@ -43,6 +43,7 @@ __all__ = [
     "anchor_index",
     "judge",
     "recover",
+    "with_created_at",
     "recovered_state",
     "rescanned_state",
     "absorb",
@@ -239,3 +240,11 @@ def rescanned_state(scan: ScanResult, believed_end: int) -> LogState:
     if scan.state is not ScanState.CLEAN and believed_end > 0:
         evidence = Evidence(believed_end - 1, "corrupt")
     return recovered_state(Recovered(NO_ANCHOR, scan, judge(scan, evidence)), bytearray())
+
+
+def with_created_at(ops: FileOps, fd: int | None, state: LogState) -> LogState:
+    """``state`` with the conversation's creation time (its first frame's) if it lacks one."""
+    if state.created_at is not None or state.next_seq == 0 or fd is None:
+        return state
+    header = decode_header(ops.pread(fd, 64, 0))
+    return replace(state, created_at=header.recorded_at if header else state.last_at)

@@ -8,8 +8,7 @@ writes into allocated, written, synced blocks: no inode change, so its ``fdatasy
 commit. Chunks start at 64 KiB and double with each growth of an open handle up to 4 MiB (a busy
 conversation grows fast, an idle one stays small); a clean close or an eviction trims the unused tail
 (``trim``), so 1M idle conversations cost no chunks and a crash leaves at most one per conversation.
-``nothing_after`` is the check that no frame starts at our end (zeros there): what other processes
-committed, the commit point says (``commit_point``); bytes past it are a writer's that died.
+Whether a frame starts at our end (zeros there, or a dead writer's frame) is ``freshness.past_end``.
 
 Cutting, in three cases, all decided by the conversation under its I/O lock and the cross-process
 file lock, and all only ever *remove* unacknowledged bytes:
@@ -25,14 +24,12 @@ from __future__ import annotations
 import logging
 
 from ..fileio import FileOps
-from .frame import PREFIX_SIZE, Frame
+from .frame import Frame
 from .scanner import read_frame_at
 
 __all__ = [
     "FIRST_CHUNK",
     "MAX_CHUNK",
-    "nothing_after",
-    "no_frame_in",
     "next_chunk",
     "UNPREALLOCATED_WRITE",
     "grown_size",
@@ -52,17 +49,6 @@ MAX_CHUNK = 4 * 1024 * 1024
 # instead of 32 KiB (docs/PERFORMANCE.md). The format allows both (no zeros = a clean end).
 UNPREALLOCATED_WRITE = 64 * 1024
 _PAGE = 4096
-
-
-def no_frame_in(prefix: bytes) -> bool:
-    """``prefix``, the (up to) ``PREFIX_SIZE`` bytes at a log's end, starts no frame: zero (a v2 log's
-    unused tail) or absent."""
-    return prefix.count(0) == len(prefix)
-
-
-def nothing_after(ops: FileOps, fd: int, end: int) -> bool:
-    """No frame starts at ``end`` (``no_frame_in`` the bytes there)."""
-    return no_frame_in(ops.pread(fd, PREFIX_SIZE, end))
 
 
 def next_chunk(previous: int) -> int:

@@ -26,7 +26,7 @@ from ...core.errors import Corrupted, Io, LogstoreError, Timeout, Unavailable
 from .. import boot, layout
 from ..fileio import FileOps
 from ..log.conversation import CommitInfo
-from ..log.tail import nothing_after
+from ..log.freshness import Past, past_end
 from .codec import Entry, Session
 
 __all__ = [
@@ -110,7 +110,7 @@ def log_may_differ(ops: FileOps, path: str, entry: Entry) -> bool:
     """Cheap check that a log holds exactly what ``entry`` records. One stat: a file of exactly
     ``log_size`` bytes cannot hold more (the common case, a v1 log or a trimmed v2 one: no data page is
     read); a shorter or missing one changed. A longer one (a v2 preallocated tail, or frames appended) is
-    read at the recorded end with the log's own rule (``log.tail.nothing_after``: zeros there, no frame).
+    read at the recorded end with the log's own rule (``log.freshness.past_end``: zeros there, no frame).
     The file size is never taken for the data's end. A false positive only costs a recovery."""
     if entry.log_size < 0:  # found by a directory walk: nothing is known
         return True
@@ -124,7 +124,7 @@ def log_may_differ(ops: FileOps, path: str, entry: Entry) -> bool:
     except FileNotFoundError:
         return entry.next_seq > 0
     try:
-        return not nothing_after(ops, fd, entry.log_size)
+        return past_end(ops, fd, entry.log_size) is Past.FRAME
     finally:
         ops.close(fd)
 

@@ -1,17 +1,20 @@
-"""The descriptors and the published state of one conversation log: loading it (by the commit point, or
-by recovery under the file lock), closing and poisoning it. ``ConversationLog`` (conversation.py) builds
-the protocol on top: freshness, group commit, reads. The lock order is conversation.py's.
+"""The files of one conversation log: its descriptors, their generation, and the published state; every
+operation on them (load, refresh, write a group, trim, poison). ``ConversationLog`` (conversation.py) holds
+one and runs the protocol on it: the locks, group commit, settling, reads. Nothing here takes the file
+lock or decides when to: a method says which of the owner's locks its caller holds ("the I/O lock": the
+owner's ``_io_lock``). This object's own two locks, ``_state_lock`` then ``_fd_readers``, are the
+innermost of conversation.py's lock order, and held only briefly.
 
-- ``_state`` is ONE immutable ``recovery.LogState``, swapped whole under ``_state_lock`` (``_publish``);
+- ``state`` is ONE immutable ``recovery.LogState``, swapped whole under ``_state_lock`` (``_publish``);
   a reload keeps the old state published until the new one replaces it. Everything a published state
   holds is durable, and its ``point`` is the commit-point record (``commit_point``) it agrees with.
-- ``_generation`` is bumped whenever descriptors close, so a reader that took a state with one
-  generation never reads through a descriptor of another (``ReaderGuard``).
-- Two ways to load (``_load_unlocked_io``, ``_load_locked_io``): without the file lock, only what the
-  commit point vouches for (never a torn tail, never a judgement of damage: any disagreement sends the
-  caller to the lock); with it, recovery's whole rule, after which what it found is made durable and
-  the commit point rewritten. Damage is therefore only ever judged under the file lock.
-- A failed write or fsync poisons the handle (``_poison``): the unacknowledged bytes are cut off (best
+- The generation is bumped whenever descriptors close, so a reader that took a state with one
+  generation never reads through a descriptor of another (``snapshot`` + ``pread``, under ``ReaderGuard``).
+- Two ways to load (``load_unlocked``, ``load_locked``): without the file lock, only what the commit point
+  vouches for (never a torn tail, never a judgement of damage: any disagreement sends the caller to the
+  lock); with it, recovery's whole rule, after which what it found is made durable and the commit point
+  rewritten. Damage is therefore only ever judged under the file lock.
+- A failed write or fsync poisons the files (``poison``): the unacknowledged bytes are cut off (best
   effort; if that fails too, ``_unsafe_from`` makes the next commit cut them before building on them).
 """
 
@@ -26,44 +29,34 @@ from ...core.errors import Io
 from .. import boot
 from ..fileio import FileOps
 from ..layout import ConversationPaths
-from ..locking import PathLock
-from .commit_point import NO_RECORD, CommitPoint, decode, encode, new_epoch, read_raw, write_raw
-from .frame import decode_header
+from .commit_point import NO_RECORD, CommitPoint, decode, encode, new_epoch, read_raw, write_empty, write_raw
+from .freshness import Action, Record, decide, observe_locked
 from .group_commit import ReaderGuard
-from .recovery import EMPTY_STATE, LogState, absorb, judge, recover, recovered_state, rescanned_state
+from .recovery import (
+    EMPTY_STATE,
+    LogState,
+    absorb,
+    judge,
+    recover,
+    recovered_state,
+    rescanned_state,
+    with_created_at,
+)
 from .scanner import ScanState, scan_log
 from .seq_index import SidecarIndex
-from .tail import cut_back, cut_failed_write, truncate_torn
+from .tail import cut_back, cut_failed_write, trim, truncate_torn
+from .writer import EncodedGroup, Written, write_group
 
-__all__ = ["LogHandle"]
+__all__ = ["LogFiles"]
 
 log = logging.getLogger("logstore")
 
 
-class LogHandle:
-    def __init__(
-        self,
-        ops: FileOps,
-        conversation_id: str,
-        paths: ConversationPaths,
-        *,
-        lock_timeout: float,
-    ) -> None:
+class LogFiles:
+    def __init__(self, ops: FileOps, paths: ConversationPaths) -> None:
         self.ops = ops
-        self.conversation_id = conversation_id
         self.paths = paths
-        self.lock_timeout = lock_timeout
-        # Owned by this object alone and closed only by ``close`` (under ``_commit_lock``, after which no
-        # commit can start): see logstore/locking.py for why there is no shared registry.
-        self._file_lock = PathLock(paths.lock)
-        self._directory_ready = ops.exists(paths.directory)
-        # The one thread of this process that may hold the file lock (flock belongs to the open file
-        # description, so two threads of one owner would both "hold" it): commits, locked refreshes,
-        # trims. Taken *before* the file lock, so readers (``_io_lock``) never wait behind a flock wait.
-        self._commit_lock = threading.Lock()
-        self._io_lock = threading.Lock()  # one thread at a time touches descriptors/builds state
         self._state_lock = threading.Lock()  # guards swapping ``_state`` and ``_generation``; brief
-        self._closed = False
         self._fd_readers = ReaderGuard()
         self._generation = 0  # bumped whenever descriptors are closed or state is rebuilt
         # Start of a failed write whose cleanup (truncate + fdatasync) failed too; survives reloads.
@@ -75,10 +68,50 @@ class LogHandle:
         self._point_fd: int | None = None  # the ``.lock`` file, for the commit point record
         self._index = SidecarIndex(ops, paths.index)
         self._loaded = False
-        self._chunk = 0  # the last chunk preallocated by this handle (doubles with each growth)
+        self._chunk = 0  # the last chunk preallocated here (doubles with each growth)
 
-    def _close_fds(self) -> None:
-        with self._fd_readers.exclusive():
+    # ------------------------------------------------------------------ what readers see (no lock)
+    @property
+    def state(self) -> LogState:
+        """The published state: one reference, never changed in place."""
+        return self._state
+
+    @property
+    def loaded(self) -> bool:  # a load succeeded and nothing closed the descriptors since
+        return self._loaded
+
+    @property
+    def has_log(self) -> bool:
+        """A log is open (False before the first load, after close or poison, or with no log file)."""
+        return self._log_fd is not None
+
+    def snapshot(self) -> tuple[LogState, int]:
+        """The published state and the generation of the descriptors it was read through (``pread``)."""
+        with self._state_lock:
+            return self._state, self._generation
+
+    def read_point(self) -> bytes | None:
+        """The commit point record, lock-free (the fast path of every read); None without a log open."""
+        with self._fd_readers:  # descriptors close only when no reader is inside
+            fd = self._point_fd
+            return None if fd is None else read_raw(self.ops, fd)
+
+    def pread(self, generation: int, offset: int, length: int) -> bytes | None:
+        """``length`` bytes of the log at ``offset``, or None if its descriptor is not ``generation``'s."""
+        with self._fd_readers:
+            if self._generation != generation or self._log_fd is None:
+                return None
+            return self.ops.pread(self._log_fd, length, offset)
+
+    def io_error(self, action: str, exc: OSError) -> Io:
+        return Io(
+            f"{action} failed for conversation log {self.paths.log}: {exc.strerror or exc}", errno=exc.errno
+        )
+
+    # ------------------------------------------------------------------ internals
+    def close(self) -> None:
+        """Close every descriptor; a later load reopens them. Caller holds the I/O lock."""
+        with self._state_lock, self._fd_readers.exclusive():  # after every reader mid-``pread``
             self._generation += 1
             for fd in (self._log_fd, self._point_fd):
                 if fd is not None:
@@ -89,11 +122,6 @@ class LogHandle:
             self._log_fd = self._log_id = self._point_fd = None
             self._index.close()
             self._loaded = False
-
-    def _io_error(self, action: str, exc: OSError) -> Io:
-        return Io(
-            f"{action} failed for conversation log {self.paths.log}: {exc.strerror or exc}", errno=exc.errno
-        )
 
     def _publish(self, state: LogState) -> None:
         with self._state_lock:
@@ -108,25 +136,64 @@ class LogHandle:
         assert self._log_id is not None
         return self._log_id[2]  # ``file_id`` is (device major, device minor, inode)
 
-    def _read_point(self) -> bytes | None:
-        """The commit point record, lock-free (the fast path of every read); None without a log open."""
-        with self._fd_readers:  # descriptors close only when no reader is inside
-            fd = self._point_fd
-            return None if fd is None else read_raw(self.ops, fd)
+    # ------------------------------------------------------------------ refreshing
+    def refresh_unlocked(self) -> bool:
+        """Take in what the commit point vouches for (``freshness.decide``: SERVE or LOAD). False if only
+        recovery under the file lock can tell. Caller holds the I/O lock."""
+        try:
+            record = self._record()
+        except OSError as exc:
+            raise self.io_error("read", exc) from exc
+        if decide(locked=False, record=record) is Action.SERVE:
+            return True
+        return self.load_unlocked()
+
+    def refresh_locked(self) -> None:
+        """Bring the state up to the file (``freshness.decide``: SERVE or RECOVER). Caller holds the file
+        lock and the I/O lock.
+
+        The commit point tells what other processes committed; past it, bytes can only be a writer's that
+        died before its record (or its fdatasync): then recovery judges them, and whatever it keeps is
+        fdatasynced before anything vouches for it. A file the path no longer names (erased, replaced) is
+        never appended to: recovery reopens it (tools invalidate the record too; this is the backstop)."""
+        try:
+            record, state, size = self._record(), self._state, None
+            if record is Record.SAME:
+                assert self._log_fd is not None
+                size, past = observe_locked(self.ops, self._log_fd, self.paths.log, self._log_id, state)
+                action = decide(locked=True, record=record, named=size is not None, past=past)
+            else:
+                action = decide(locked=True, record=record)
+        except OSError as exc:
+            raise self.io_error("refresh", exc) from exc
+        if action is Action.RECOVER:
+            self.load_locked()
+        elif size is not None and size != state.size:  # another process grew or trimmed the unused tail
+            self._publish(replace(state, size=size))
+
+    def _record(self) -> Record:
+        """The commit point against the published state once what it vouches for is taken in (``MOVED``
+        is always ``TAKE_IN``): ``SAME`` or ``OTHER``; ``NONE`` if nothing is loaded. Holds the I/O lock."""
+        if not self._loaded or self._log_fd is None or self._point_fd is None:
+            return Record.NONE
+        raw = read_raw(self.ops, self._point_fd)
+        state = self._state
+        if raw == state.point or self._extend(state, raw):
+            return Record.SAME
+        return Record.OTHER
 
     # ------------------------------------------------------------------ loading
     def _open_io(self) -> bool:
         """(Re)open the log and its lock file. False: there is no log (the empty state is installed).
-        Caller holds ``_io_lock``."""
-        with self._state_lock:
-            self._close_fds()  # the old state stays published until the new one replaces it whole
+        Caller holds the I/O lock."""
+        self.close()  # the old state stays published until the new one replaces it whole
         try:
             fd = self.ops.open(self.paths.log, os.O_RDWR)
         except FileNotFoundError:
             self._install(EMPTY_STATE, b"")
             return False
         except OSError as exc:
-            raise self._io_error("open", exc) from exc
+            raise self.io_error("open", exc) from exc
         try:
             self._log_id = self.ops.file_id(fd)
             self._point_fd = self.ops.open(self.paths.lock, os.O_RDWR | os.O_CREAT)
@@ -136,14 +203,14 @@ class LogHandle:
             except OSError:
                 pass
             self._log_id = None
-            raise self._io_error("open", exc) from exc
+            raise self.io_error("open", exc) from exc
         self._log_fd = fd
         return True
 
-    def _load_unlocked_io(self) -> bool:
+    def load_unlocked(self) -> bool:
         """Load what the commit point vouches for, without the file lock. False when only recovery under
         the lock can tell (no record, another boot's, damage, another file, or the log disagrees): the
-        caller then takes the lock. Caller holds ``_io_lock``."""
+        caller then takes the lock. Caller holds the I/O lock."""
         try:
             if not self._open_io():
                 return True
@@ -174,20 +241,19 @@ class LogHandle:
                 corrupt=point.damage,
                 size=max(size, point.end),
             )
-            state = self._with_created_at(state)
+            state = with_created_at(self.ops, self._log_fd, state)
         except OSError as exc:
-            with self._state_lock:
-                self._close_fds()
-            raise self._io_error("recovery read", exc) from exc
+            self.close()
+            raise self.io_error("recovery read", exc) from exc
         self._index.valid = recovered.anchor.kept
         self._install(state, point.epoch)
         return True
 
-    def _load_locked_io(self, *, believed_end: int | None = None) -> None:
+    def load_locked(self, *, believed_end: int | None = None) -> None:
         """Recover under the file lock: the one place that judges torn tails and damage. What it finds is
         made durable before the commit point vouches for it. ``believed_end``: ignore the index and rescan
         from byte 0 (it disagreed with the log), where frames up to ``believed_end`` were served. Caller
-        holds ``_commit_lock``, the file lock and ``_io_lock``."""
+        holds the file lock and the I/O lock."""
         try:
             if not self._open_io():
                 return
@@ -221,11 +287,10 @@ class LogHandle:
                 scan = scan_log(self.ops, fd, start=0, expected_seq=0, file_size=size)
                 self._index.open_and_read()  # open, and valid = 0: rewritten whole from the rescan
                 state = rescanned_state(scan, believed_end)
-            state = self._with_created_at(state)
+            state = with_created_at(self.ops, self._log_fd, state)
         except OSError as exc:
-            with self._state_lock:
-                self._close_fds()
-            raise self._io_error("recovery read", exc) from exc
+            self.close()
+            raise self.io_error("recovery read", exc) from exc
         # Keep the epoch only if every frame the old record vouched for is still there.
         keep = same_log and point is not None and point.end <= state.end
         vouched = point.end if keep and point is not None else 0
@@ -248,16 +313,15 @@ class LogHandle:
             # reopen from scratch next time.
             if keep:
                 cut_back(self.ops, fd, vouched)
-            with self._state_lock:
-                self._close_fds()
-            raise self._io_error("recovery", exc) from exc
+            self.close()
+            raise self.io_error("recovery", exc) from exc
         self._install(replace(state, point=record), epoch)
 
-    def _extend_io(self, state: LogState, raw: bytes) -> bool:
+    def _extend(self, state: LogState, raw: bytes) -> bool:
         """Take in the frames the commit point ``raw`` vouches for past ``state`` (durable, so no verdict
         to make); False if it does not simply extend ``state`` in the same epoch (the caller reloads).
         Without the file lock, the record is read again after the scan (a seqlock: a tool invalidates it
-        before it cuts). Caller holds ``_io_lock``."""
+        before it cuts). Caller holds the I/O lock."""
         point = decode(raw)
         if (
             point is None
@@ -287,17 +351,73 @@ class LogHandle:
             state = replace(absorb(state, result, judge(result, None)), size=max(state.size, point.end))
         if state.next_seq != point.next_seq:
             return False
-        self._publish(self._with_created_at(replace(state, point=raw)))
+        self._publish(with_created_at(self.ops, self._log_fd, replace(state, point=raw)))
         return True
 
-    def _with_created_at(self, state: LogState) -> LogState:
-        if state.created_at is not None or state.next_seq == 0 or self._log_fd is None:
-            return state
-        header = decode_header(self.ops.pread(self._log_fd, 64, 0))
-        return replace(state, created_at=header.recorded_at if header else state.last_at)
+    # ------------------------------------------------------------------ writing
+    def create(self) -> None:
+        """Create the log (there is none: ``has_log`` is False after a refresh). Caller holds the file
+        lock and the I/O lock, and has made the manifest's record of it durable first."""
+        try:
+            # A record at 0 first: a reader that finds the new log before its first record needs no lock.
+            write_empty(self.ops, self.paths.lock)
+            # The directory entry is made durable by the first frame's commit (``write``), which also
+            # covers a log left by an attempt or a process that failed before syncing it.
+            fd = self.ops.open(self.paths.log, os.O_RDWR | os.O_CREAT)
+            self.ops.close(fd)
+        except OSError as exc:
+            raise self.io_error("create", exc) from exc
+        self.load_locked()
+
+    def write(self, encoded: EncodedGroup) -> Written:
+        """Write a group's frames at the published end, make them durable, move the commit point, publish
+        the new state and maybe extend the index (a hint, after the fsync: it never leads the log). Caller
+        holds the file lock and the I/O lock, with state just refreshed (``encoded`` was built from it).
+        Raises ``Io`` after poisoning: nothing of the group is acknowledged."""
+        state = self._state
+        assert self._log_fd is not None and self._point_fd is not None and encoded.write_start == state.end
+        point = encode(CommitPoint(boot.boot_id(), self._epoch, self._ino, encoded.end, encoded.next_seq))
+        try:
+            done = write_group(
+                self.ops,
+                self._log_fd,
+                state,
+                encoded,
+                chunk=self._chunk,
+                directory=self.paths.directory,
+                point=point,
+            )
+            write_raw(self.ops, self._point_fd, point)  # durable: the commit point moves, for everyone
+        except OSError as exc:
+            self.poison()
+            raise self.io_error("write+fdatasync", exc) from exc
+        self._chunk, new = done.chunk, done.state
+        self._publish(new)
+        self._index.write(new.entries, new.frames, new.end)
+        return done
+
+    def trim_wanted(self) -> bool:
+        """A preallocated tail to give back or index entries to write (``trim_and_index``)."""
+        s = self._state
+        return self._loaded and self._log_fd is not None and (s.size > s.end or self._index.valid < s.frames)
+
+    def trim_and_index(self) -> None:
+        """Give back the preallocated tail and bring the index up to the log. Caller holds the file lock
+        and the I/O lock, with state just refreshed (so frames absorbed from another process are durable
+        before the index names them)."""
+        state = self._state
+        if self._log_fd is None:
+            return
+        if state.size > state.end and state.corrupt is None:
+            trim(self.ops, self._log_fd, state.end)
+            self._publish(replace(state, size=state.end))
+        self._index.write(state.entries, state.frames, state.end, force=True)
+
+    def sync_index(self) -> None:  # caller holds the I/O lock
+        self._index.sync()
 
     # ------------------------------------------------------------------ failures
-    def _poison(self) -> None:
+    def poison(self) -> None:
         """After a failed write/fsync: close everything; the next operation reopens with recovery.
 
         The failed write may sit in the page cache looking complete while the disk never got it
@@ -306,16 +426,18 @@ class LogHandle:
         commit point was not moved, so no reader took any of it in."""
         if self._log_fd is not None and not cut_back(self.ops, self._log_fd, self._state.end):
             self._unsafe_from = self._state.end
-        with self._state_lock:
-            self._close_fds()
+        self.close()
 
-    def _drop_unsafe_tail(self) -> None:
-        """Cut off what a failed write left behind (see ``_poison``) before appending after it. Caller
-        holds the file lock, with state just refreshed. Another process may have taken those frames in
-        (recovery under the lock, its fdatasync "succeeding" after ours failed) and vouched for them:
-        the commit point is invalidated before the cut, and the reload starts a new epoch."""
+    def drop_unsafe_tail(self) -> None:
+        """Cut off what a failed write left behind (see ``poison``), if anything, before appending after
+        it. Caller holds the file lock and the I/O lock, with state just refreshed. Another process may
+        have taken those frames in (recovery under the lock, its fdatasync "succeeding" after ours
+        failed) and vouched for them: the commit point is invalidated before the cut, and the reload
+        starts a new epoch."""
+        if self._unsafe_from is None:
+            return
         cut, self._unsafe_from = self._unsafe_from, None
-        assert cut is not None and self._log_fd is not None and self._point_fd is not None
+        assert self._log_fd is not None and self._point_fd is not None
         if self._state.end <= cut:
             return  # nothing of the failed write was taken in (a torn tail is truncated by recovery)
         try:
@@ -323,7 +445,6 @@ class LogHandle:
             cut_failed_write(self.ops, self._log_fd, cut, self._state.end, path=self.paths.log)
         except OSError as exc:
             self._unsafe_from = cut  # still unsafe: try again at the next commit
-            with self._state_lock:
-                self._close_fds()
-            raise self._io_error("truncate after a failed write", exc) from exc
-        self._load_locked_io()  # a new epoch either way: the record was invalidated
+            self.close()
+            raise self.io_error("truncate after a failed write", exc) from exc
+        self.load_locked()  # a new epoch either way: the record was invalidated

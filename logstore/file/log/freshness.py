@@ -1,0 +1,110 @@
+"""Did the log change since the state we published? What is observed, and the one decision table every
+freshness check of the conversation (``ConversationLog``, ``LogFiles``) follows.
+
+Strategy: three observations, each as cheap as its question allows, and a pure ``decide`` over them.
+- ``Record``: the commit point (``commit_point``) against the record the published state agrees with.
+  Every process moves it after its ``fdatasync``, so it says what every acknowledged commit added:
+  ``SAME`` (the fast path of every read: one ``pread`` of 28 bytes), ``MOVED``, ``OTHER`` (moved in a way
+  that does not simply extend our state: another epoch or file, damage, a record invalidated by a tool;
+  found by trying to take it in), ``NONE`` (nothing loaded, or no descriptors).
+- ``named``: whether the log's path still names the file we hold (erasure, a restore, a repair replace
+  it). Only asked under the file lock, where an append must never go to an unlinked file; the lock-free
+  paths trust the record, which every such tool invalidates first.
+- ``Past``: whether a frame starts at our end (``past_end``): bytes past the commit point can only be a
+  writer's that died between its write and its record; zeros are a v2 log's unused tail. A read that
+  reaches the end sees them in its own ``pread``; the locked refresh reads them when the file is longer.
+
+Acting on it (``Action``): serve what is published; take in what the record vouches for (durable: no
+verdict to make); load again without the lock (only what the record vouches for); settle (recovery under
+the file lock if it is free at once: a live writer mid-commit owns its frames); recover (under the file
+lock, waiting: the one place a torn tail or damage is judged). The manifest's reconciliation asks the
+same ``past_end`` question of a log against its recorded end.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import NamedTuple
+
+from ..fileio import FileOps
+from .frame import PREFIX_SIZE
+from .recovery import LogState
+
+__all__ = ["Action", "Observed", "Past", "Record", "decide", "observe_locked", "past_end", "past_in"]
+
+
+class Record(enum.Enum):
+    NONE = "none"
+    SAME = "same"
+    MOVED = "moved"
+    OTHER = "other"
+
+
+class Past(enum.Enum):
+    UNSEEN = "unseen"  # not looked at (not needed, or the bytes there are known damage)
+    NOTHING = "nothing"  # the file ends there, or zeros (a v2 log's unused tail)
+    FRAME = "frame"  # a frame starts there: a dead writer's, never acknowledged, maybe durable
+
+
+class Action(enum.Enum):
+    SERVE = "serve"
+    TAKE_IN = "take in"
+    LOAD = "load"
+    SETTLE = "settle"
+    RECOVER = "recover"
+
+
+def decide(*, locked: bool, record: Record, named: bool = True, past: Past = Past.UNSEEN) -> Action:
+    """The table (tests/test_freshness.py checks it row by row):
+
+    ===========  =====  =========  ================  ==============
+    record       named  past       without the lock  with the lock
+    ===========  =====  =========  ================  ==============
+    NONE, OTHER  any    any        LOAD              RECOVER
+    MOVED        any    any        TAKE_IN           TAKE_IN
+    SAME         no     any        LOAD              RECOVER
+    SAME         yes    FRAME      SETTLE            RECOVER
+    SAME         yes    otherwise  SERVE             SERVE
+    ===========  =====  =========  ================  ==============
+
+    After a ``TAKE_IN`` the caller decides again: ``SAME`` if it took the frames in, else ``OTHER``.
+    A ``LOAD`` that cannot tell (no record, another boot's, damage it does not name) ends in ``RECOVER``."""
+    if record is Record.MOVED:
+        return Action.TAKE_IN
+    if record is not Record.SAME or not named:
+        return Action.RECOVER if locked else Action.LOAD
+    if past is Past.FRAME:
+        return Action.RECOVER if locked else Action.SETTLE
+    return Action.SERVE
+
+
+def past_in(prefix: bytes) -> Past:
+    """What ``prefix``, the (up to) ``PREFIX_SIZE`` bytes at a log's end, starts: nothing if it is all
+    zero (a v2 log's unused tail) or absent, else a frame."""
+    return Past.NOTHING if prefix.count(0) == len(prefix) else Past.FRAME
+
+
+def past_end(ops: FileOps, fd: int, end: int) -> Past:
+    """What starts at ``end``: one ``pread`` of ``PREFIX_SIZE`` bytes."""
+    return past_in(ops.pread(fd, PREFIX_SIZE, end))
+
+
+class Observed(NamedTuple):
+    size: int | None  # the file's size; None when the path no longer names it (``named`` False)
+    past: Past
+
+
+def observe_locked(
+    ops: FileOps, fd: int, path: str, file_id: tuple[int, int, int] | None, state: LogState
+) -> Observed:
+    """Under the file lock: is ``path`` still ``fd``'s file, its size, and what starts at ``state``'s
+    end. One ``statx`` (given ``file_id``), plus one ``pread`` only when the file is longer (a v2 log's
+    preallocated tail, or a dead writer's frames). Past known damage nothing is read: those bytes are the
+    damage, already judged."""
+    size = ops.size_if_named(fd, path, file_id)
+    if size is None:
+        return Observed(None, Past.UNSEEN)
+    end, damaged = state.end, state.corrupt is not None
+    if size <= end or damaged:
+        return Observed(size, Past.UNSEEN if damaged else Past.NOTHING)
+    return Observed(size, past_end(ops, fd, end))
