@@ -177,7 +177,7 @@ class ConversationLog:
     def _settle_if_free(self) -> None:
         """Recovery under the file lock if it is free at once: a read found bytes past the commit point,
         which with the lock free can only be a dead writer's frames, maybe durable, never acknowledged.
-        Taking them in now (``_load_locked_io`` fdatasyncs them and moves the record) makes this read
+        Taking them in now (``LogFiles.load_locked`` fdatasyncs them and moves the record) makes this read
         agree with the next append, which would take them in anyway. A busy lock is a live
         writer mid-commit: its frames are its own to record. A local commit in flight (``_commit_lock``
         taken: it may be waiting for the flock) takes them in itself: a reader never waits behind it.
