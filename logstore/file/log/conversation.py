@@ -64,6 +64,7 @@ from .writer import CommitInfo, encode_group
 __all__ = ["ConversationLog", "AppendRequest", "CommitInfo"]
 
 log = logging.getLogger("logstore")
+_SAME, _SETTLE = Record.SAME, Action.SETTLE  # globals: an Enum member off its class costs more (freshness)
 
 
 def _now_us() -> int:
@@ -351,7 +352,7 @@ class ConversationLog:
                     self._ensure_fresh()
                     continue
                 past = past_in(data[size:]) if look else None
-                if past is not None and decide(locked=False, record=Record.SAME, past=past) is Action.SETTLE:
+                if past is not None and decide(locked=False, record=_SAME, past=past) is _SETTLE:
                     looked = True
                     self._settle_if_free()
                     continue

@@ -50,6 +50,7 @@ from .writer import EncodedGroup, Written, write_group
 __all__ = ["LogFiles"]
 
 log = logging.getLogger("logstore")
+_NONE, _SAME, _OTHER, _SERVE, _RECOVER = Record.NONE, Record.SAME, Record.OTHER, Action.SERVE, Action.RECOVER
 
 
 class LogFiles:
@@ -104,9 +105,8 @@ class LogFiles:
             return self.ops.pread(self._log_fd, length, offset)
 
     def io_error(self, action: str, exc: OSError) -> Io:
-        return Io(
-            f"{action} failed for conversation log {self.paths.log}: {exc.strerror or exc}", errno=exc.errno
-        )
+        reason = exc.strerror or exc
+        return Io(f"{action} failed for conversation log {self.paths.log}: {reason}", errno=exc.errno)
 
     # ------------------------------------------------------------------ internals
     def close(self) -> None:
@@ -144,7 +144,7 @@ class LogFiles:
             record = self._record()
         except OSError as exc:
             raise self.io_error("read", exc) from exc
-        if decide(locked=False, record=record) is Action.SERVE:
+        if decide(locked=False, record=record) is _SERVE:
             return True
         return self.load_unlocked()
 
@@ -158,7 +158,7 @@ class LogFiles:
         never appended to: recovery reopens it (tools invalidate the record too; this is the backstop)."""
         try:
             record, state, size = self._record(), self._state, None
-            if record is Record.SAME:
+            if record is _SAME:
                 assert self._log_fd is not None
                 size, past = observe_locked(self.ops, self._log_fd, self.paths.log, self._log_id, state)
                 action = decide(locked=True, record=record, named=size is not None, past=past)
@@ -166,7 +166,7 @@ class LogFiles:
                 action = decide(locked=True, record=record)
         except OSError as exc:
             raise self.io_error("refresh", exc) from exc
-        if action is Action.RECOVER:
+        if action is _RECOVER:
             self.load_locked()
         elif size is not None and size != state.size:  # another process grew or trimmed the unused tail
             self._publish(replace(state, size=size))
@@ -175,12 +175,12 @@ class LogFiles:
         """The commit point against the published state once what it vouches for is taken in (``MOVED``
         is always ``TAKE_IN``): ``SAME`` or ``OTHER``; ``NONE`` if nothing is loaded. Holds the I/O lock."""
         if not self._loaded or self._log_fd is None or self._point_fd is None:
-            return Record.NONE
+            return _NONE
         raw = read_raw(self.ops, self._point_fd)
         state = self._state
         if raw == state.point or self._extend(state, raw):
-            return Record.SAME
-        return Record.OTHER
+            return _SAME
+        return _OTHER
 
     # ------------------------------------------------------------------ loading
     def _open_io(self) -> bool:
