@@ -159,17 +159,8 @@ class ConversationLog:
         any process before this call, and nothing that is not durable."""
         if self._closed:
             raise Unavailable("store is closed")
-        files = self._files
-        if files.loaded:
-            try:
-                raw = files.read_point()
-            except OSError:
-                raw = b""  # the refresh below reports it, or gets past it
-            if raw is not None:
-                if raw == files.state.point:
-                    return  # the fast path, one pread: ``freshness.decide``'s SAME -> SERVE, inline
-            elif not files.has_log and not files.ops.exists(self.paths.log):
-                return  # still no log
+        if self._files.current():
+            return  # the fast path: one pread
         with self._io_lock:  # ``with``, not acquire(): an interrupt cannot land between take and try
             fresh = self._refresh_unlocked_io()
         if not fresh:

@@ -1,19 +1,17 @@
-"""The files of one conversation log: its descriptors, their generation, and the published state; every
-operation on them (load, refresh, write a group, trim, poison). ``ConversationLog`` (conversation.py) holds
-one and runs the protocol on it: the locks, group commit, settling, reads. Nothing here takes the file
-lock or decides when to: a method says which of the owner's locks its caller holds ("the I/O lock": the
-owner's ``_io_lock``). This object's own two locks, ``_state_lock`` then ``_fd_readers``, are the
-innermost of conversation.py's lock order, and held only briefly.
+"""The files of one conversation log: descriptors, their generation, the published state, and every
+operation on them. ``ConversationLog`` (conversation.py) holds one and runs the protocol: locks, group
+commit, settling, reads. Nothing here takes the file lock or decides when to; a method says which of
+the owner's locks its caller holds ("the I/O lock": ``_io_lock``). Its own ``_state_lock`` and
+``_fd_readers`` are the innermost of conversation.py's lock order, held only briefly.
 
 - ``state`` is ONE immutable ``recovery.LogState``, swapped whole under ``_state_lock`` (``_publish``);
   a reload keeps the old state published until the new one replaces it. Everything a published state
   holds is durable, and its ``point`` is the commit-point record (``commit_point``) it agrees with.
 - The generation is bumped whenever descriptors close, so a reader that took a state with one
   generation never reads through a descriptor of another (``snapshot`` + ``pread``, under ``ReaderGuard``).
-- Two ways to load (``load_unlocked``, ``load_locked``): without the file lock, only what the commit point
-  vouches for (never a torn tail, never a judgement of damage: any disagreement sends the caller to the
-  lock); with it, recovery's whole rule, after which what it found is made durable and the commit point
-  rewritten. Damage is therefore only ever judged under the file lock.
+- Two ways to load: ``load_unlocked``, only what the commit point vouches for (never a torn tail or a
+  judgement of damage: any disagreement sends the caller to the lock); ``load_locked``, recovery's whole
+  rule, after which what it found is made durable and the commit point rewritten.
 - A failed write or fsync poisons the files (``poison``): the unacknowledged bytes are cut off (best
   effort; if that fails too, ``_unsafe_from`` makes the next commit cut them before building on them).
 """
@@ -78,10 +76,6 @@ class LogFiles:
         return self._state
 
     @property
-    def loaded(self) -> bool:  # a load succeeded and nothing closed the descriptors since
-        return self._loaded
-
-    @property
     def has_log(self) -> bool:
         """A log is open (False before the first load, after close or poison, or with no log file)."""
         return self._log_fd is not None
@@ -91,11 +85,20 @@ class LogFiles:
         with self._state_lock:
             return self._state, self._generation
 
-    def read_point(self) -> bytes | None:
-        """The commit point record, lock-free (the fast path of every read); None without a log open."""
-        with self._fd_readers:  # descriptors close only when no reader is inside
-            fd = self._point_fd
-            return None if fd is None else read_raw(self.ops, fd)
+    def current(self) -> bool:
+        """The fast path of every read, lock-free: the state agrees with the commit point (one ``pread``:
+        ``freshness.decide``'s SAME -> SERVE, inline), or still no log. False (a failed read too): refresh."""
+        if not self._loaded:
+            return False
+        try:
+            with self._fd_readers:  # descriptors close only when no reader is inside
+                fd = self._point_fd
+                raw = None if fd is None else read_raw(self.ops, fd)
+        except OSError:
+            return False
+        if raw is not None:
+            return raw == self._state.point
+        return self._log_fd is None and not self.ops.exists(self.paths.log)
 
     def pread(self, generation: int, offset: int, length: int) -> bytes | None:
         """``length`` bytes of the log at ``offset``, or None if its descriptor is not ``generation``'s."""
@@ -150,12 +153,10 @@ class LogFiles:
 
     def refresh_locked(self) -> None:
         """Bring the state up to the file (``freshness.decide``: SERVE or RECOVER). Caller holds the file
-        lock and the I/O lock.
-
-        The commit point tells what other processes committed; past it, bytes can only be a writer's that
-        died before its record (or its fdatasync): then recovery judges them, and whatever it keeps is
-        fdatasynced before anything vouches for it. A file the path no longer names (erased, replaced) is
-        never appended to: recovery reopens it (tools invalidate the record too; this is the backstop)."""
+        lock and the I/O lock. The commit point tells what other processes committed; bytes past it can
+        only be a writer's that died before its record or its fdatasync: recovery judges them, and what
+        it keeps is fdatasynced before anything vouches for it. A file the path no longer names (erased,
+        replaced) is never appended to (tools invalidate the record too; this is the backstop)."""
         try:
             record, state, size = self._record(), self._state, None
             if record is _SAME:
@@ -402,9 +403,8 @@ class LogFiles:
         return self._loaded and self._log_fd is not None and (s.size > s.end or self._index.valid < s.frames)
 
     def trim_and_index(self) -> None:
-        """Give back the preallocated tail and bring the index up to the log. Caller holds the file lock
-        and the I/O lock, with state just refreshed (so frames absorbed from another process are durable
-        before the index names them)."""
+        """Give back the unused tail, bring the index up to the log. Caller holds the file lock and the I/O
+        lock, state just refreshed (frames taken in from another process are durable before indexed)."""
         state = self._state
         if self._log_fd is None:
             return
