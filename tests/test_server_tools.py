@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import json
 import re
-import time
 import uuid
 
-import anyio
 import pytest
 
 from logstore.core import errors
+from logstore.core.limits import MAX_BATCH_ITEMS
 from logstore.file.credentials import CredentialsFile
 from server.mcp.spec_tools import tools_by_name
 from server.mcp.validation import ArgumentValidator
@@ -289,25 +288,39 @@ async def test_argument_errors_are_permanent_tool_errors(server, mode, tool, arg
         assert not (await call(c, "recall_memory", {"conversation_id": "conv-00001"}))[0]
 
 
-async def test_huge_batch_is_rejected_quickly(server):
-    """Millions of tiny items fit in one request body; the item-count bound is checked before anything
-    walks them, so the server answers at once and stays responsive."""
+async def test_huge_batch_is_rejected_and_the_session_goes_on(server):
+    """Millions of tiny items fit in one request body: refused by the item-count bound (which is checked
+    before anything walks them: the next test), nothing stored, and the same session is served after.
+    (It asserted "< 3 s" once: a wall-clock guess that failed at load 6.)"""
+    cid = new_id()
     async with client(server, "2026-07-28") as c:
-        start = anyio.current_time()
-        is_error, out = await call(
-            c, "append_memory", {"conversation_id": new_id(), "items": [{}] * 1_000_000}
-        )
+        is_error, out = await call(c, "append_memory", {"conversation_id": cid, "items": [{}] * 1_000_000})
         assert is_error and error_of(out)["field"] == "items"
-        assert anyio.current_time() - start < 3
+        assert f"at most {MAX_BATCH_ITEMS} entries" in error_of(out)["message"]
+        is_error, out = await call(c, "recall_memory", {"conversation_id": cid})
+        assert not is_error and out["items"] == []
+        is_error, out = await call(c, "append_memory", {"conversation_id": cid, "items": [{}]})
+        assert not is_error and out["first_seq"] == 0
+
+
+class Unwalkable(list):
+    """A list whose entries must not be looked at: its length is all the count bound may read."""
+
+    def __iter__(self):
+        raise AssertionError("an entry was walked before the count bound")
+
+    def __getitem__(self, index):
+        raise AssertionError("an entry was read before the count bound")
 
 
 def test_item_count_bound_is_checked_before_walking_the_items():
-    """jsonschema alone takes seconds to reach maxItems on a million entries (type-checking each first)."""
+    """jsonschema takes seconds to reach maxItems on a million entries (it type-checks each first): the
+    bound is checked on the length alone, before jsonschema sees the list."""
     validate = ArgumentValidator(tools_by_name()["append_memory"])
-    start = time.perf_counter()
-    with pytest.raises(errors.InvalidArgument):
-        validate({"conversation_id": "conv-00001", "items": [{}] * 1_000_000})
-    assert time.perf_counter() - start < 0.05
+    with pytest.raises(errors.InvalidArgument, match=f"at most {MAX_BATCH_ITEMS} entries"):
+        validate({"conversation_id": "conv-00001", "items": Unwalkable([{}] * 1_000_000)})
+    with pytest.raises(AssertionError, match="before the count bound"):  # the guard: jsonschema reads it
+        validate({"conversation_id": "conv-00001", "items": Unwalkable([{}] * 3)})
 
 
 async def test_float_integers_are_accepted(server, mode):
