@@ -88,6 +88,34 @@ def test_two_stores_a_dead_writers_durable_frame_is_read_before_it_is_appended_o
         writer.close()  # the test's own descriptors (a killed process loses them)
 
 
+def test_a_dead_writers_frame_taken_in_by_a_read_is_listed(tmp_path):
+    """Whoever takes in a dead writer's durable frame records it in the manifest, as its append would have.
+    A read's settle did not: the listing kept the older last_appended_at, and when the crash's
+    reconciliation summarised the conversation through another handle while that settle held the file
+    lock, its summary (one flock try, skipped) was the older one too (the kill -9 eviction torture,
+    at load 6: "listed with created/last ..., the log says ...")."""
+    data = str(tmp_path / "data")
+    ops = KillAfterLogSync()
+    reader, writer = Store(data), Store(data, file_ops=ops)
+    try:
+        reader.append(SITE, CID, [{"n": 0}])
+        writer.append(SITE, CID, [{"n": 1}])
+        assert [i.seq for i in reader.recall(SITE, CID, 10)] == [0, 1]
+        ops.armed = True
+        with pytest.raises(Killed):
+            writer.append(SITE, CID, [{"n": "stored, never acknowledged"}])
+        last = reader.recall(SITE, CID, 1)[-1]  # the read takes the frame in
+        assert last.seq == 2
+        listed = {c.conversation_id: c for c in reader.list_conversations(SITE).conversations}
+        assert listed[CID].last_appended_at == last.recorded_at
+    finally:
+        reader.close()
+        writer.close()
+    with Store(data) as fresh:  # and it is in the journal: a clean reopen lists it the same
+        listed = {c.conversation_id: c for c in fresh.list_conversations(SITE).conversations}
+        assert listed[CID].last_appended_at == last.recorded_at
+
+
 _CHILD = textwrap.dedent(
     """
     import os, signal, sys

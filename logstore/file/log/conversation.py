@@ -222,7 +222,25 @@ class ConversationLog:
         commit point). Caller holds ``_commit_lock``, the file lock and ``_io_lock``."""
         if self._closed:
             raise Unavailable("store is closed")
+        adopted = self._files.adopted
         self._files.refresh_locked()
+        if self._files.adopted != adopted:
+            self._record_adopted()
+
+    def _record_adopted(self) -> None:
+        """Recovery under the lock took in durable frames no commit point vouched for (a writer that died
+        after its fdatasync): record them in the manifest as that writer's commit would have. Else the
+        listing lags the log until a restart's reconciliation, and a reconciliation that summarised the
+        conversation through another handle while this one held the file lock kept the older time."""
+        state = self._files.state
+        if self._on_commit is None or state.created_at is None or state.last_at is None:
+            return
+        try:
+            self._on_commit(
+                CommitInfo(self.conversation_id, state.created_at, state.last_at, state.end, state.next_seq)
+            )
+        except Exception:  # the listing lags (reconciled at the next load); reads and appends go on
+            log.exception("manifest record of frames recovery took in to %s", self.paths.log)
 
     # ------------------------------------------------------------------ appends
     def append(self, request: AppendRequest) -> SeqRange:
@@ -369,7 +387,10 @@ class ConversationLog:
                 with self._io_lock:
                     if self._closed:
                         raise Unavailable("store is closed")
+                    adopted = self._files.adopted
                     self._files.load_locked(believed_end=believed_end)
+                    if self._files.adopted != adopted:
+                        self._record_adopted()
             finally:
                 self._file_lock.release()
         log.warning(

@@ -68,6 +68,7 @@ class LogFiles:
         self._index = SidecarIndex(ops, paths.index)
         self._loaded = False
         self._chunk = 0  # the last chunk preallocated here (doubles with each growth)
+        self.adopted = 0  # locked loads that took in frames no commit point vouched for (``load_locked``)
 
     # ------------------------------------------------------------------ what readers see (no lock)
     @property
@@ -76,8 +77,7 @@ class LogFiles:
         return self._state
 
     @property
-    def has_log(self) -> bool:
-        """A log is open (False before the first load, after close or poison, or with no log file)."""
+    def has_log(self) -> bool:  # False before the first load, after close or poison, or with no log file
         return self._log_fd is not None
 
     def snapshot(self) -> tuple[LogState, int]:
@@ -317,6 +317,7 @@ class LogFiles:
             self.close()
             raise self.io_error("recovery", exc) from exc
         self._install(replace(state, point=record), epoch)
+        self.adopted += state.end > vouched  # frames no record vouched for: the owner lists them
 
     def _extend(self, state: LogState, raw: bytes) -> bool:
         """Take in the frames the commit point ``raw`` vouches for past ``state`` (durable, so no verdict
@@ -397,8 +398,7 @@ class LogFiles:
         self._index.write(new.entries, new.frames, new.end)
         return done
 
-    def trim_wanted(self) -> bool:
-        """A preallocated tail to give back or index entries to write (``trim_and_index``)."""
+    def trim_wanted(self) -> bool:  # a preallocated tail to give back or index entries to write
         s = self._state
         return self._loaded and self._log_fd is not None and (s.size > s.end or self._index.valid < s.frames)
 
