@@ -56,6 +56,18 @@ def _payloads(items) -> list[object]:
     return [(i.seq, i.payload) for i in items]
 
 
+def _kill_writer_after_its_fdatasync(reader: Store, writer: Store, killer: KillAfterLogSync) -> None:
+    """seq 0 by the reader, seq 1 by the writer (the reader's state agrees with the record), then the
+    writer dies between its log's fdatasync and its commit point: seq 2 durable, never acknowledged."""
+    reader.append(SITE, CID, [{"n": 0}])
+    writer.append(SITE, CID, [{"n": 1}])
+    assert [i.seq for i in reader.recall(SITE, CID, 10)] == [0, 1]  # loaded, record agreed
+    killer.armed = True
+    with pytest.raises(Killed):
+        writer.append(SITE, CID, [{"n": "stored, never acknowledged"}])
+    assert not killer.armed
+
+
 def _check_reader(reader: Store, data: str) -> None:
     """What the reader (conversation loaded before the writer died) serves, then appends."""
     dead = (2, {"n": "stored, never acknowledged"})
@@ -73,13 +85,7 @@ def test_two_stores_a_dead_writers_durable_frame_is_read_before_it_is_appended_o
     reader = Store(data)
     writer = Store(data, file_ops=ops)
     try:
-        reader.append(SITE, CID, [{"n": 0}])
-        writer.append(SITE, CID, [{"n": 1}])
-        assert [i.seq for i in reader.recall(SITE, CID, 10)] == [0, 1]  # loaded, record agreed
-        ops.armed = True
-        with pytest.raises(Killed):
-            writer.append(SITE, CID, [{"n": "stored, never acknowledged"}])
-        assert not ops.armed
+        _kill_writer_after_its_fdatasync(reader, writer, ops)
         if first_read == "recall":  # any read that reaches the end looks, not only the stored-check
             assert [i.seq for i in reader.recall(SITE, CID, 10)] == [0, 1, 2]
         _check_reader(reader, data)
@@ -98,12 +104,7 @@ def test_a_dead_writers_frame_taken_in_by_a_read_is_listed(tmp_path):
     ops = KillAfterLogSync()
     reader, writer = Store(data), Store(data, file_ops=ops)
     try:
-        reader.append(SITE, CID, [{"n": 0}])
-        writer.append(SITE, CID, [{"n": 1}])
-        assert [i.seq for i in reader.recall(SITE, CID, 10)] == [0, 1]
-        ops.armed = True
-        with pytest.raises(Killed):
-            writer.append(SITE, CID, [{"n": "stored, never acknowledged"}])
+        _kill_writer_after_its_fdatasync(reader, writer, ops)
         last = reader.recall(SITE, CID, 1)[-1]  # the read takes the frame in
         assert last.seq == 2
         listed = {c.conversation_id: c for c in reader.list_conversations(SITE).conversations}
@@ -216,12 +217,7 @@ def test_a_read_waits_for_a_settle_in_progress_instead_of_serving_without_the_fr
     ops, killer = ReaderOps(), KillAfterLogSync()
     reader, writer = Store(data, file_ops=ops), Store(data, file_ops=killer)
     try:
-        reader.append(SITE, CID, [{"n": 0}])
-        writer.append(SITE, CID, [{"n": 1}])
-        assert [i.seq for i in reader.recall(SITE, CID, 10)] == [0, 1]
-        killer.armed = True
-        with pytest.raises(Killed):
-            writer.append(SITE, CID, [{"n": "stored, never acknowledged"}])
+        _kill_writer_after_its_fdatasync(reader, writer, killer)
         box["conv"] = reader._handles[(SITE, CID)]
         got: list = []
         read = threading.Thread(target=lambda: got.append(reader.replay(SITE, CID, 2, 5)), name="read")

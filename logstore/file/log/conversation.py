@@ -222,9 +222,7 @@ class ConversationLog:
         commit point). Caller holds ``_commit_lock``, the file lock and ``_io_lock``."""
         if self._closed:
             raise Unavailable("store is closed")
-        adopted = self._files.adopted
-        self._files.refresh_locked()
-        if self._files.adopted != adopted:
+        if self._files.refresh_locked():
             self._record_adopted()
 
     def _record_adopted(self) -> None:
@@ -387,9 +385,7 @@ class ConversationLog:
                 with self._io_lock:
                     if self._closed:
                         raise Unavailable("store is closed")
-                    adopted = self._files.adopted
-                    self._files.load_locked(believed_end=believed_end)
-                    if self._files.adopted != adopted:
+                    if self._files.load_locked(believed_end=believed_end):
                         self._record_adopted()
             finally:
                 self._file_lock.release()

@@ -68,7 +68,6 @@ class LogFiles:
         self._index = SidecarIndex(ops, paths.index)
         self._loaded = False
         self._chunk = 0  # the last chunk preallocated here (doubles with each growth)
-        self.adopted = 0  # locked loads that took in frames no commit point vouched for (``load_locked``)
 
     # ------------------------------------------------------------------ what readers see (no lock)
     @property
@@ -151,12 +150,12 @@ class LogFiles:
             return True
         return self.load_unlocked()
 
-    def refresh_locked(self) -> None:
+    def refresh_locked(self) -> bool:
         """Bring the state up to the file (``freshness.decide``: SERVE or RECOVER). Caller holds the file
-        lock and the I/O lock. The commit point tells what other processes committed; bytes past it can
-        only be a writer's that died before its record or its fdatasync: recovery judges them, and what
-        it keeps is fdatasynced before anything vouches for it. A file the path no longer names (erased,
-        replaced) is never appended to (tools invalidate the record too; this is the backstop)."""
+        lock and the I/O lock. Bytes past the commit point can only be a writer's that died before its
+        record or its fdatasync: recovery judges them and fdatasyncs what it keeps before vouching for it.
+        A file the path no longer names (erased, replaced) is never appended to (tools also invalidate
+        the record). Returns what ``load_locked`` returns (False when it was not needed)."""
         try:
             record, state, size = self._record(), self._state, None
             if record is _SAME:
@@ -168,9 +167,10 @@ class LogFiles:
         except OSError as exc:
             raise self.io_error("refresh", exc) from exc
         if action is _RECOVER:
-            self.load_locked()
-        elif size is not None and size != state.size:  # another process grew or trimmed the unused tail
+            return self.load_locked()
+        if size is not None and size != state.size:  # another process grew or trimmed the unused tail
             self._publish(replace(state, size=size))
+        return False
 
     def _record(self) -> Record:
         """The commit point against the published state once what it vouches for is taken in (``MOVED``
@@ -250,14 +250,14 @@ class LogFiles:
         self._install(state, point.epoch)
         return True
 
-    def load_locked(self, *, believed_end: int | None = None) -> None:
+    def load_locked(self, *, believed_end: int | None = None) -> bool:
         """Recover under the file lock: the one place that judges torn tails and damage. What it finds is
         made durable before the commit point vouches for it. ``believed_end``: ignore the index and rescan
         from byte 0 (it disagreed with the log), where frames up to ``believed_end`` were served. Caller
-        holds the file lock and the I/O lock."""
+        holds the file lock and the I/O lock. True: it took in frames no record vouched for (listed next)."""
         try:
             if not self._open_io():
-                return
+                return False
             fd, pfd = self._log_fd, self._point_fd
             assert fd is not None and pfd is not None
             raw = read_raw(self.ops, pfd)
@@ -317,7 +317,7 @@ class LogFiles:
             self.close()
             raise self.io_error("recovery", exc) from exc
         self._install(replace(state, point=record), epoch)
-        self.adopted += state.end > vouched  # frames no record vouched for: the owner lists them
+        return state.end > vouched
 
     def _extend(self, state: LogState, raw: bytes) -> bool:
         """Take in the frames the commit point ``raw`` vouches for past ``state`` (durable, so no verdict
