@@ -9,6 +9,9 @@ call returned (so a result in the parent means the child was acknowledged). Erro
 ``StallingSync``: armed, the next ``fdatasync``/``fsync`` of a conversation log (``*.log``) calls
 ``stall()`` (which blocks until the test lets go) and then fails with EIO, as a disk that dies under a
 write: the batch is written but never made durable, so no reader may ever see it.
+
+``BlockingSyncOps``: armed, the next ``fdatasync`` of a conversation log stops inside it until the test
+lets go (``proceed``), then succeeds or fails with ``fail``: a writer held mid-commit in this process.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import Any
 from logstore.core.factory import open_store, parse_store_url
 from logstore.file.fileio import FileOps
 
-__all__ = ["RemoteStore", "RemoteError", "StallingSync", "is_log_fd"]
+__all__ = ["BlockingSyncOps", "RemoteStore", "RemoteError", "StallingSync", "is_log_fd"]
 
 CALL_TIMEOUT = 120.0  # generous: a loaded machine; a hung child fails the test instead of hanging it
 
@@ -34,6 +37,28 @@ def is_log_fd(fd: int) -> bool:
         return os.readlink(f"/proc/self/fd/{fd}").endswith(".log")
     except OSError:
         return False
+
+
+class BlockingSyncOps(FileOps):
+    """Once armed, the next ``fdatasync`` of a conversation log signals ``entered`` and waits for
+    ``proceed``; then it fails with ``fail`` (an errno) if set, as a disk that gives up would. Only a log's:
+    on a new site the store's background manifest sweep ends with an ``fdatasync`` of its journal, and on a
+    busy machine that one came after the arming and took the fault (the append then committed at once)."""
+
+    def __init__(self) -> None:
+        self.armed = False
+        self.entered = threading.Event()
+        self.proceed = threading.Event()
+        self.fail: int | None = None
+
+    def fdatasync(self, fd: int) -> None:
+        if self.armed and is_log_fd(fd):
+            self.armed = False
+            self.entered.set()
+            assert self.proceed.wait(60), "the test never let the writer go"
+            if self.fail is not None:
+                raise OSError(self.fail, "injected fdatasync failure")
+        super().fdatasync(fd)
 
 
 class StallingSync(FileOps):

@@ -31,7 +31,7 @@ from logstore.file.log import commit_point
 from logstore.file.log.commit_point import NO_RECORD, RECORD_SIZE, CommitPoint, decode, encode
 from logstore.file.log.scanner import scan_log
 from logstore.fsck.check import check
-from tests.cross_process_support import is_log_fd
+from tests.cross_process_support import BlockingSyncOps
 from tests.faultfs import simulate_reboot
 
 SITE, CID = "site-a", "shared-conv-01"
@@ -81,31 +81,10 @@ class PathOps(FileOps):
 # (a) A writer of another Store is inside fdatasync: readers serve only what is committed, without waiting.
 
 
-class BlockingSyncOps(FileOps):
-    """Once armed, the next ``fdatasync`` of a conversation log signals ``entered`` and waits for
-    ``proceed``; then it fails with ``fail`` (an errno) if set, as a disk that gives up would. Only a log's:
-    on a new site the store's background manifest sweep ends with an ``fdatasync`` of its journal, and on a
-    busy machine that one came after the arming and took the fault (the append then committed at once)."""
-
-    def __init__(self) -> None:
-        self.armed = False
-        self.entered = threading.Event()
-        self.proceed = threading.Event()
-        self.fail: int | None = None
-
-    def fdatasync(self, fd: int) -> None:
-        if self.armed and is_log_fd(fd):
-            self.armed = False
-            self.entered.set()
-            assert self.proceed.wait(60), "the test never let the writer go"
-            if self.fail is not None:
-                raise OSError(self.fail, "injected fdatasync failure")
-        super().fdatasync(fd)
-
-
 def test_the_in_flight_fault_waits_for_the_logs_fdatasync_not_the_manifest_sweeps(tmp_path):
-    """The harness below: armed, a journal's ``fdatasync`` passes through and the fault stays armed for
-    the log's (1 of 3 busy-machine runs of make test failed: the sweep's sync took it, the append went on)."""
+    """The harness (``BlockingSyncOps``): armed, a journal's ``fdatasync`` passes through and the fault
+    stays armed for the log's (1 of 3 busy-machine runs of make test failed: the sweep's sync took it, the
+    append went on)."""
     ops = BlockingSyncOps()
     ops.armed = True
     ops.proceed.set()  # before the fix the journal's sync took the fault (no wait: proceed is set)

@@ -25,7 +25,7 @@ from logstore import Store
 from logstore.file.fileio import FileOps
 from logstore.file.log import conversation
 from logstore.file.log.freshness import Past
-from tests.cross_process_support import is_log_fd
+from tests.cross_process_support import BlockingSyncOps
 
 SITE, CID = "site-a", "dead-writer-01"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -158,19 +158,7 @@ def test_a_live_writers_frame_past_the_end_is_neither_served_nor_waited_for(tmp_
     """The look past the end takes the file lock only if it is free at once: a writer of another store
     holding it (here: stopped inside its ``fdatasync``) keeps its frame to itself until it acknowledges."""
     data = str(tmp_path / "data")
-    entered, proceed = threading.Event(), threading.Event()
-
-    class StuckSync(FileOps):
-        armed = False
-
-        def fdatasync(self, fd: int) -> None:
-            if self.armed and is_log_fd(fd):  # the log's, not the manifest sweep's (test_commit_point)
-                self.armed = False
-                entered.set()
-                assert proceed.wait(60)
-            super().fdatasync(fd)
-
-    ops = StuckSync()
+    ops = BlockingSyncOps()  # stops the writer inside its log fdatasync
     with Store(data, file_ops=ops) as writer, Store(data, lock_timeout=0.05) as reader:
         writer.append(SITE, CID, [{"n": 0}])
         assert [i.seq for i in reader.recall(SITE, CID, 10)] == [0]
@@ -178,11 +166,11 @@ def test_a_live_writers_frame_past_the_end_is_neither_served_nor_waited_for(tmp_
         thread = threading.Thread(target=writer.append, args=(SITE, CID, [{"n": "in flight"}]))
         thread.start()
         try:
-            assert entered.wait(30)
+            assert ops.entered.wait(30)
             assert reader.replay(SITE, CID, 1, 5) == []  # lock_timeout 0.05: a wait would raise Timeout
             assert [i.seq for i in reader.recall(SITE, CID, 10)] == [0]
         finally:
-            proceed.set()
+            ops.proceed.set()
             thread.join(30)
         assert _payloads(reader.replay(SITE, CID, 1, 5)) == [(1, {"n": "in flight"})]
 
