@@ -21,6 +21,8 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import shutil
+import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -44,7 +46,8 @@ _runs = itertools.count()
 
 @contextlib.contextmanager
 def postgres_url(directory: str) -> Iterator[str]:
-    """A migrated database for one measure: a fresh schema on the external URL, or a pgserver."""
+    """A migrated database for one measure: a fresh schema on the external URL, or a pgserver in a
+    scratch directory of its own (``directory`` is the caller's scratch space, not used for the server)."""
     import psycopg
 
     from logstore.postgres import migrate
@@ -67,12 +70,20 @@ def postgres_url(directory: str) -> Iterator[str]:
         import pgserver
         from pgserver._commands import pg_ctl
 
-        server = pgserver.get_server(os.path.join(directory, "pgdata"), cleanup_mode=None)
+        # Not under ``directory``: under pytest that is inside its 0700 base temp, which the server's own
+        # user (pgserver runs it as another user when we are root) cannot enter once another pytest run
+        # resets it. tests/postgres_support.py does the same.
+        base = tempfile.mkdtemp(prefix="logstore-bench-pg-")
+        os.chmod(base, 0o777)
+        server = pgserver.get_server(os.path.join(base, "pgdata"), cleanup_mode=None)
     try:
         migrate(server.get_uri())
         yield server.get_uri()
     finally:
-        pg_ctl(["-m", "immediate", "-w", "stop"], pgdata=server.pgdata, user=server.system_user)
+        try:
+            pg_ctl(["-m", "immediate", "-w", "stop"], pgdata=server.pgdata, user=server.system_user)
+        finally:
+            shutil.rmtree(base, ignore_errors=True)
 
 
 def _raw_loop(url: str, payloads: list[bytes], writers: int, duration: float) -> float:
