@@ -95,3 +95,32 @@ def test_store_urls_open_the_postgres_backend_and_registry(postgres_server):
     finally:
         store.close()
     assert PostgresRegistry(url).sites() == ["via-url"] and registry.location.startswith("postgresql")
+
+
+def _role_that_does_not_exist(url: str) -> str:
+    scheme, rest = url.split("://", 1)
+    return f"{scheme}://nosuchrole:wrong@{rest.split('@', 1)[1]}"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["site", "add", "alpha"],
+        ["site", "list"],
+        ["site", "passwd", "alpha"],
+        ["site", "remove", "alpha"],
+        ["conversation", "delete", "--site", "alpha", "conversation-1"],
+    ],
+)
+def test_operator_commands_on_a_database_they_cannot_use_say_so_in_one_line(postgres_server, capsys, argv):
+    """Issue 36 §5: before `db migrate`, or with a user the database refuses, every site and conversation
+    command is one line naming the fix, exit 1 (they were 18-22-line tracebacks, or 'connection lost')."""
+    unmigrated = fresh_url(postgres_server, migrated=False)
+    for url, says in (
+        (unmigrated, "run `logstore db migrate --store URL` first"),
+        (_role_that_does_not_exist(postgres_server.url), "cannot connect to the database: "),
+    ):
+        assert main([*argv, "--store", url]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith(f"logstore {' '.join(argv[:2])}: "), err
+        assert says in err and "Traceback" not in err, err

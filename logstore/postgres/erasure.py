@@ -20,7 +20,7 @@ import psycopg
 from ..core.errors import Unavailable
 from ..core.ids import validate_conversation_id, validate_site
 from .pgerrors import translate
-from .schema import check_schema
+from .schema import connect_checked
 
 __all__ = ["erase_conversation", "purge_site"]
 
@@ -67,14 +67,10 @@ def _erase(conn: psycopg.Connection, site: str, cid: str) -> bool:
 
 
 def _connect(conninfo: str, lock_timeout: float) -> psycopg.Connection:
-    try:
-        conn = psycopg.connect(conninfo, autocommit=True, connect_timeout=max(1, int(lock_timeout) + 1))
-    except psycopg.Error as exc:
-        raise translate(exc, writing=False) or exc from exc
+    conn = connect_checked(conninfo, autocommit=True, connect_timeout=max(1, int(lock_timeout) + 1))
     try:
         for name, ms in (("lock_timeout", lock_timeout), ("statement_timeout", max(lock_timeout, 30.0))):
             conn.execute("SELECT set_config(%s, %s, false)", (name, f"{int(ms * 1000)}ms"))
-        check_schema(conn)
     except BaseException as exc:
         conn.close()
         if isinstance(exc, psycopg.Error):

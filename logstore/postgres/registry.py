@@ -23,6 +23,7 @@ from typing import Any
 import psycopg
 
 from ..core.registry import RegistryEdits, SiteEntry
+from .schema import connect_checked
 from .settings import ClientSettings, split_url
 from .watchdog import Watchdog, fileno
 
@@ -96,7 +97,7 @@ class PostgresRegistry(RegistryEdits):
 
     def _read(self, conn: psycopg.Connection | None = None) -> tuple[int, dict[str, dict[str, Any]]]:
         if conn is None:
-            with psycopg.connect(self._libpq, autocommit=True) as own:
+            with connect_checked(self._libpq, autocommit=True) as own:
                 return self._read(own)
         with conn.transaction():  # the counter and the rows from one snapshot
             conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
@@ -106,7 +107,7 @@ class PostgresRegistry(RegistryEdits):
 
     # --- writing (the rules: ``RegistryEdits``) ----------------------------------------------------
     def _edit(self, sql: str, params: tuple[object, ...]) -> int:
-        with psycopg.connect(self._libpq) as conn, conn.transaction():
+        with connect_checked(self._libpq) as conn, conn.transaction():
             changed = conn.execute(sql, params).rowcount
             if changed:
                 conn.execute(_BUMP)
@@ -121,7 +122,7 @@ class PostgresRegistry(RegistryEdits):
         )
 
     def _change(self, site: str, change: Callable[[SiteEntry], SiteEntry]) -> bool:
-        with psycopg.connect(self._libpq) as conn, conn.transaction():
+        with connect_checked(self._libpq) as conn, conn.transaction():
             row = conn.execute(
                 "SELECT credential FROM logstore_sites WHERE site = %s FOR UPDATE", (site,)
             ).fetchone()

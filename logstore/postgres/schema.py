@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import psycopg
 
+from ..core.errors import Unavailable
 from .settings import libpq_conninfo
 
 __all__ = [
@@ -162,6 +163,32 @@ def check_durability(conn: psycopg.Connection, *, allow_async_commit: bool) -> N
         )
 
 
+def connect_checked(conninfo: str, **kwargs: object) -> psycopg.Connection:
+    """A connection (libpq ``conninfo``) to a database whose schema is exactly this code's version, for
+    the operator commands: a database that cannot be reached (down, wrong host, user or password) or whose
+    schema is missing, older or newer is one ``Unavailable`` line saying what to do, never a traceback
+    (issue 36 §5). The server checks the same once at start (``startup_check``)."""
+    try:
+        conn = psycopg.connect(conninfo, **kwargs)  # type: ignore[arg-type]
+    except psycopg.Error as exc:
+        raise Unavailable(
+            f"cannot connect to the database: {_first_line(exc)} (check the URL's host, user and password, "
+            "and that the server is running)"
+        ) from None
+    try:
+        check_schema(conn)
+    except BaseException as exc:
+        conn.close()
+        if isinstance(exc, StartupRefused):
+            raise Unavailable(str(exc)) from None
+        raise
+    return conn
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
 def startup_check(conninfo: str) -> None:
     """What a server checks before anything else on ``conninfo``: it connects and the schema is exactly
     this code's version. Every failure is one ``StartupRefused`` line saying what to do (never a
@@ -171,5 +198,4 @@ def startup_check(conninfo: str) -> None:
         with psycopg.connect(libpq_conninfo(conninfo), autocommit=True) as conn:
             check_schema(conn)
     except (psycopg.Error, ValueError) as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise StartupRefused(f"cannot use the database: {first}") from None
+        raise StartupRefused(f"cannot use the database: {_first_line(exc)}") from None
