@@ -85,7 +85,8 @@ def test_a_stopped_worker_gets_at_most_max_unacked_connections_and_gets_them_aga
         stopped = pids[0]
         os.kill(stopped, signal.SIGSTOP)
         try:
-            result = asyncio.run(_stopped_then_resumed(server.url, server.port, stopped, pids))
+            scenario = _stopped_then_resumed(server.url, server.port, stopped, pids)
+            result = asyncio.run(asyncio.wait_for(scenario, 4 * CALL_BOUND))  # each phase is bounded too
         finally:
             os.kill(stopped, signal.SIGCONT)
     print(f"\n[serve --workers 2, one SIGSTOPped] {result}")
