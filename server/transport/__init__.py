@@ -4,7 +4,7 @@ Owns the limits against hostile or broken clients (``http_limits.HttpLimits``, t
 values), the h11 connection layer under uvicorn (``connections``: read deadlines, connection cap), the ASGI
 header and body guards (``request_guard``), the flood-proof log filter (``log_guard``), the per-call access
 line and log format (``access_log``, with the ``ToolCall`` record the tool dispatcher reports), and
-``--workers N`` (``workers``: the round-robin acceptor and supervisor). It is the bottom of ``server/``: it
-may import ``logstore.core`` and third-party libraries only, never another ``server`` module outside this
-package (tests/test_architecture.py checks it).
+``--workers N`` (``workers``: the round-robin acceptor and supervisor; ``handoff``: the worker's side). It
+is the bottom of ``server/``: it may import ``logstore.core`` and third-party libraries only, never another
+``server`` module outside this package (tests/test_architecture.py checks it).
 """

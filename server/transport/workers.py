@@ -9,124 +9,53 @@ trials out of ten happen only ~9% of the time. Round robin from one acceptor is 
 ``cluster`` module distributes by default. The acceptor only accepts and passes the descriptor
 (``SCM_RIGHTS`` over a per-worker ``AF_UNIX`` socketpair); requests never go through it.
 
+This module is the acceptor and supervisor; ``handoff.py`` the worker's side and the channel's messages.
+
 The supervisor keeps uvicorn's behaviour: a worker that dies after it started serving is replaced; one that
 dies before (broken app, unreadable data dir) stops the server, since a restart would fail the same way;
 SIGINT/SIGTERM stop accepting, ask every worker to shut down gracefully and wait for them. A worker whose
 acceptor disappears (``kill -9`` of the parent) sees its channel close and shuts down too.
+
+A worker that does not take its connections (``SIGSTOP``ped, its event loop stuck) must not keep receiving
+every N-th one (issue 33: 12 of 24 new connections hung). A descriptor already sent cannot be taken back,
+so the acceptor bounds how many it risks: the worker acknowledges each descriptor it receives (one byte
+back on the channel), and a worker with ``_MAX_UNACKED`` hand-offs unacknowledged, or whose oldest one is
+older than ``_ACK_TIMEOUT``, is skipped until it acknowledges again. A stalled worker thus holds at most
+``_MAX_UNACKED`` connections (they are served if it resumes); workers that keep up see exact round robin.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import multiprocessing
 import os
 import selectors
 import signal
 import socket
-import sys
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
-from typing import Any
 
-import uvicorn
 from uvicorn.config import STARTUP_FAILURE
 
-__all__ = ["HandoffServer", "Supervisor"]
+from .handoff import _ACK, _ACK_CHUNK, _CONN, _READY, HandoffServer
+
+__all__ = ["HandoffServer", "Supervisor"]  # HandoffServer: the worker's side, in handoff.py
 
 log = logging.getLogger("logstore.server")
 
-_READY = b"R"  # worker -> acceptor: serving; acceptor -> worker messages carry one descriptor and b"C"
-_CONN = b"C"
+# A worker is skipped while this many hand-offs are unacknowledged: the most connections a stalled worker
+# can hold. Above the 8 per worker that 16 clients connecting at once put on each of 2 workers in one
+# accept burst, so a worker that keeps up never reaches it (tests/test_server_workers.py checks the spread).
+_MAX_UNACKED = 8
+# ...or while its oldest unacknowledged hand-off is older than this (seconds): a healthy worker acknowledges
+# within its next event loop turn; this is far above that on a loaded machine, and it stops a stalled worker
+# from taking connections that arrive one by one long before it holds _MAX_UNACKED of them.
+_ACK_TIMEOUT = 1.0
 _ACCEPT_BURST = 64  # connections accepted per wake-up before the loop looks at its other sources
 _ACCEPT_BACKOFF = 0.25  # seconds without accepting after accept() failed (out of descriptors)
-
-
-class _Inbox:
-    """The worker's side of the channel, standing where uvicorn keeps its listening ``asyncio.Server``s:
-    ``close()``/``wait_closed()`` are what uvicorn's shutdown calls on them."""
-
-    def __init__(
-        self,
-        channel: socket.socket,
-        protocol_factory: Callable[[], asyncio.Protocol],
-        ssl: Any,
-        on_eof: Callable[[], None],
-    ) -> None:
-        self._channel = channel
-        self._factory = protocol_factory
-        self._ssl = ssl
-        self._on_eof = on_eof
-        self._loop = asyncio.get_running_loop()
-        self._pending: set[asyncio.Task[Any]] = set()
-        channel.setblocking(False)
-        self._loop.add_reader(channel.fileno(), self._receive)
-
-    def _receive(self) -> None:
-        while True:
-            try:
-                data, fds, _, _ = socket.recv_fds(self._channel, 16, 1)
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:
-                data, fds = b"", []
-            if not data and not fds:  # the acceptor is gone: nothing new will arrive
-                self.close()
-                self._on_eof()
-                return
-            for fd in fds:
-                conn = socket.socket(fileno=fd)
-                conn.setblocking(False)
-                task = self._loop.create_task(
-                    self._loop.connect_accepted_socket(self._factory, conn, ssl=self._ssl)
-                )
-                self._pending.add(task)
-                task.add_done_callback(self._started)
-
-    def _started(self, task: asyncio.Task[Any]) -> None:
-        self._pending.discard(task)
-        if not task.cancelled() and task.exception() is not None:  # e.g. a failed TLS handshake
-            log.debug("connection not started: %r", task.exception())
-
-    def close(self) -> None:
-        if self._channel.fileno() != -1:
-            self._loop.remove_reader(self._channel.fileno())
-            self._channel.close()
-
-    async def wait_closed(self) -> None:
-        return None
-
-
-class HandoffServer(uvicorn.Server):
-    """A uvicorn server that listens on nothing: its connections arrive over ``channel``."""
-
-    def __init__(self, config: uvicorn.Config, channel: socket.socket) -> None:
-        super().__init__(config)
-        self._channel = channel
-
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        # Mirrors uvicorn.Server.startup minus the bind; the protocol is built exactly as it builds it.
-        await self.lifespan.startup()
-        if self.lifespan.should_exit:
-            sys.exit(STARTUP_FAILURE)
-        config = self.config
-
-        def create_protocol(_loop: asyncio.AbstractEventLoop | None = None) -> asyncio.Protocol:
-            return config.http_protocol_class(  # type: ignore[call-arg]
-                config=config, server_state=self.server_state, app_state=self.lifespan.state, _loop=_loop
-            )
-
-        self.servers = [_Inbox(self._channel, create_protocol, config.ssl, self._acceptor_gone)]  # type: ignore[list-item]
-        self.started = True
-        self._channel.send(_READY)
-
-    def _acceptor_gone(self) -> None:
-        if not self.should_exit:
-            log.warning("acceptor process is gone; worker %d shutting down", os.getpid())
-            self.should_exit = True
 
 
 @dataclass
@@ -135,6 +64,14 @@ class _Worker:
     channel: socket.socket
     ready: bool = False  # takes connections now
     served: bool = False  # finished its startup once (a later death is not a startup failure)
+    # When each hand-off not yet acknowledged was sent (monotonic), oldest first: the channel keeps order.
+    unacked: deque[float] = field(default_factory=deque)
+    stalled: bool = False  # skipped for not acknowledging in time (logged once per episode)
+
+    def takes_connections(self, now: float) -> bool:
+        if not self.ready or len(self.unacked) >= _MAX_UNACKED:
+            return False
+        return not self.unacked or now - self.unacked[0] < _ACK_TIMEOUT
 
 
 class Supervisor:
@@ -187,19 +124,25 @@ class Supervisor:
         worker.ready = False
 
     def _on_channel(self, worker: _Worker) -> None:
-        if worker.channel.fileno() == -1:  # closed by an exit event earlier in the same batch
-            return
-        try:
-            data = worker.channel.recv(16)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            data = b""
-        if data == _READY:
-            worker.ready = worker.served = True
-            log.info("worker %d ready", worker.process.pid)
-        elif not data:  # the worker is exiting; its sentinel tells when it is gone
-            self._close_channel(worker)
+        """Read everything the worker sent: its ready message, acknowledgements, or the end."""
+        while worker.channel.fileno() != -1:  # -1: closed by an exit event earlier in the same batch
+            try:
+                data = worker.channel.recv(_ACK_CHUNK)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                data = b""
+            if data == _READY:
+                worker.ready = worker.served = True
+                log.info("worker %d ready", worker.process.pid)
+            elif data and data == _ACK * len(data):
+                for _ in range(min(len(data), len(worker.unacked))):
+                    worker.unacked.popleft()
+                if worker.stalled and worker.takes_connections(time.monotonic()):
+                    worker.stalled = False
+                    log.warning("worker %d takes connections again", worker.process.pid)
+            elif not data:  # the worker is exiting; its sentinel tells when it is gone
+                self._close_channel(worker)
 
     def _on_exit(self, worker: _Worker) -> None:
         if worker not in self._workers:  # already handled earlier in the same batch
@@ -250,10 +193,16 @@ class Supervisor:
             conn.close()  # the worker has its own descriptor now
 
     def _hand_off(self, conn: socket.socket) -> bool:
-        """Send ``conn`` to the next ready worker with room in its channel; False if none took it."""
+        """Send ``conn`` to the next worker that takes connections; False if none took it."""
         n = len(self._workers)
+        now = time.monotonic()
         for i in range(n):
             worker = self._workers[(self._next + i) % n]
+            if worker.ready and not worker.takes_connections(now):
+                self._on_channel(worker)  # judge it on the acknowledgements it has sent so far
+                if not worker.takes_connections(now):
+                    self._note_stall(worker, now)
+                    continue
             if not worker.ready:
                 continue
             try:
@@ -263,9 +212,21 @@ class Supervisor:
             except OSError:
                 worker.ready = False
                 continue
+            worker.unacked.append(now)
             self._next = (self._next + i + 1) % n
             return True
         return False
+
+    def _note_stall(self, worker: _Worker, now: float) -> None:
+        if worker.stalled or not worker.unacked or now - worker.unacked[0] < _ACK_TIMEOUT:
+            return  # a worker momentarily _MAX_UNACKED behind in a burst is not news
+        worker.stalled = True
+        log.warning(
+            "worker %d has not taken %d connection(s) handed to it %.1f s ago; skipping it until it does",
+            worker.process.pid,
+            len(worker.unacked),
+            now - worker.unacked[0],
+        )
 
     def _reconcile(self) -> None:
         """Accept only when a worker can take connections: at first once every worker is ready (so the
