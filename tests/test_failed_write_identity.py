@@ -1,0 +1,256 @@
+"""A writer knows its own failed write by its bytes and the commit point, never by an offset alone
+(issue 33 §3; logstore/file/log/tail.py, ``LogFiles.load_locked``).
+
+After a failed write (or its ``fdatasync``) the writer cuts the file back to its acknowledged end. If
+that cleanup fails too, the failed frames may still read back from the page cache although the disk
+never got them (fsyncgate), so the writer remembers them and cuts them before anything is built on
+them. The bug: it recognised them by ``write_start == offset`` alone. When the truncate had taken effect
+(only its ``fdatasync`` failed), another owner appended at that very offset and was acknowledged; the
+failed writer's next commit took that frame for its own failed write, cut it and wrote the same seq:
+two acknowledgements of one seq, the other owner's batch gone, fsck clean.
+
+Each test: two lock owners (a second ``Store``, or a real subprocess), ``LogFaults`` failing the exact
+calls, an oracle of acknowledged batches (seq -> payload), then every reader, a fresh store and fsck.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import AbstractContextManager
+
+import pytest
+
+from logstore import Store
+from logstore.core.errors import Io
+from logstore.file.fileio import OS_FILE_OPS
+from logstore.file.layout import conversation_paths
+from logstore.file.log import conversation
+from logstore.file.log.commit_point import RECORD_SIZE, decode
+from logstore.file.log.scanner import scan_log
+from logstore.fsck.check import check
+from tests.cross_process_support import LogFaults, RemoteStore
+
+SITE, CID = "site-a", "failed-write-01"
+
+
+class Acked:
+    """The oracle: every acknowledged batch by its seq range; no seq acknowledged twice."""
+
+    def __init__(self) -> None:
+        self.by_seq: dict[int, object] = {}
+
+    def add(self, got, items: list[dict]) -> None:
+        assert got.last - got.first + 1 == len(items)
+        for k, item in enumerate(items):
+            assert got.first + k not in self.by_seq, f"seq {got.first + k} acknowledged twice"
+            self.by_seq[got.first + k] = item
+
+    def assert_held_by(self, items) -> None:
+        served = {item.seq: item.payload for item in items}
+        for seq, payload in self.by_seq.items():
+            assert served.get(seq) == payload, f"acknowledged seq {seq}: {served.get(seq)!r}, not {payload!r}"
+        assert [item.seq for item in items] == list(range(len(items)))  # gapless
+
+
+def _log(data: str) -> str:
+    return conversation_paths(data, SITE, CID).log
+
+
+def _record_end(data: str) -> int:
+    with open(conversation_paths(data, SITE, CID).lock, "rb") as fh:
+        point = decode(fh.read(RECORD_SIZE))
+    assert point is not None
+    return point.end
+
+
+def _frame_seq_at(data: str, offset: int) -> int:
+    fd = os.open(_log(data), os.O_RDONLY)
+    try:
+        frames = scan_log(OS_FILE_OPS, fd).frames
+    finally:
+        os.close(fd)
+    (seq,) = [f.first_seq for f in frames if f.offset == offset]
+    return seq
+
+
+def _other(data: str, kind: str) -> AbstractContextManager:
+    return Store(data) if kind == "store" else RemoteStore(f"file:{data}")
+
+
+def _assert_consistent(data: str, acked: Acked, *, extra: int = 0) -> None:
+    """A fresh store serves every acknowledged batch at its seqs (plus ``extra`` items of failed appends
+    that were taken in, outcome unknown), and fsck finds nothing."""
+    with Store(data) as fresh:
+        items = fresh.replay(SITE, CID, 0, 1000)
+    acked.assert_held_by(items)
+    assert len(items) == len(acked.by_seq) + extra
+    report = check(data)
+    assert report.exit_code == 0, report
+
+
+def _start(a: Store, acked: Acked) -> None:
+    for n in range(2):
+        items = [{"by": "a", "n": n}]
+        acked.add(a.append(SITE, CID, items), items)
+
+
+def test_the_harness_fails_only_a_logs_calls_in_the_planned_order(tmp_path):
+    """``LogFaults``: a journal's, an index's or a lock file's call never takes a planned fault (a
+    manifest sweep runs beside the store); the log's calls named in the plan fail in its order, a torn
+    ``pwrite`` leaves exactly ``torn`` bytes, and with the plan spent everything passes."""
+    ops = LogFaults()
+    ops.plan, ops.torn = ["pwrite", "ftruncate", "fdatasync"], 3
+    other = os.open(tmp_path / "journal.1", os.O_RDWR | os.O_CREAT)
+    log = os.open(tmp_path / "x.log", os.O_RDWR | os.O_CREAT)
+    try:
+        for call in (lambda fd: ops.pwrite(fd, b"abcdef", 0), lambda fd: ops.ftruncate(fd, 1)):
+            call(other)
+        ops.fdatasync(log)  # not the plan's next call: passes
+        ops.fdatasync(other)
+        with pytest.raises(OSError):
+            ops.pwrite(log, b"abcdef", 0)
+        assert os.pread(log, 100, 0) == b"abc" and ops.failed_writes == [b"abcdef"]
+        with pytest.raises(OSError):
+            ops.ftruncate(log, 0)
+        assert os.fstat(log).st_size == 3  # a failed ftruncate changes nothing
+        with pytest.raises(OSError):
+            ops.fdatasync(log)
+        assert ops.injected == ["pwrite", "ftruncate", "fdatasync"] and ops.plan == []
+        ops.pwrite(log, b"xyz", 3)
+        ops.ftruncate(log, 5)
+        ops.fdatasync(log)
+        assert os.pread(log, 100, 0) == b"abcxy" and os.pread(other, 100, 0) == b"a"
+    finally:
+        os.close(other)
+        os.close(log)
+
+
+@pytest.mark.parametrize("other", ["store", "process"])
+def test_a_failed_write_whose_truncate_took_effect_never_cuts_another_owners_acknowledged_frame(
+    tmp_path, other
+):
+    """The issue's case: A's fdatasync fails, its cut-back truncate takes effect and the truncate's
+    fdatasync fails. B appends at the offset A's failed write began and is acknowledged. A's next
+    append must come after B's batch, not over it."""
+    data = str(tmp_path / "data")
+    ops, acked = LogFaults(), Acked()
+    with Store(data, file_ops=ops) as a, _other(data, other) as b:
+        _start(a, acked)
+        cut = _record_end(data)
+        ops.plan = ["fdatasync", "fdatasync"]
+        with pytest.raises(Io):
+            a.append(SITE, CID, [{"by": "a", "failed": True}])
+        assert ops.injected == ["fdatasync", "fdatasync"]
+        assert os.path.getsize(_log(data)) == cut  # the truncate took effect; its fdatasync did not
+        items = [{"by": "b"}]
+        got = b.append(SITE, CID, items)
+        acked.add(got, items)
+        assert _frame_seq_at(data, cut) == got.first == 2  # where A's failed write began
+        items = [{"by": "a", "n": 2}]
+        acked.add(a.append(SITE, CID, items), items)
+        acked.assert_held_by(a.replay(SITE, CID, 0, 100))
+        acked.assert_held_by(b.replay(SITE, CID, 0, 100))
+    _assert_consistent(data, acked)
+
+
+@pytest.mark.parametrize("identical", [False, True], ids=["other-bytes", "identical-bytes"])
+def test_a_torn_failed_write_never_cuts_the_acknowledged_frame_written_where_it_began(
+    tmp_path, monkeypatch, identical
+):
+    """A's pwrite is torn (a short write, then EIO) and its cut-back truncate fails: the torn bytes stay.
+    B's recovery truncates them as a torn tail and B appends there, acknowledged. Even when B's frame is
+    byte for byte the frame A failed to write (the same items, the clock stuck at one microsecond), it
+    is B's acknowledged batch: the commit point vouches for it, and A's next append goes after it."""
+    if identical:
+        monkeypatch.setattr(conversation, "_now_us", lambda: 1_800_000_000_000_000)
+    data = str(tmp_path / "data")
+    ops, acked = LogFaults(), Acked()
+    with Store(data, file_ops=ops) as a, Store(data) as b:
+        _start(a, acked)
+        cut = _record_end(data)
+        ops.plan, ops.torn = ["pwrite", "ftruncate"], 20
+        failed = [{"by": "a", "failed": True}]
+        with pytest.raises(Io):
+            a.append(SITE, CID, failed)
+        assert ops.injected == ["pwrite", "ftruncate"]
+        items = failed if identical else [{"by": "b"}]
+        got = b.append(SITE, CID, items)
+        acked.add(got, items)
+        assert _frame_seq_at(data, cut) == got.first == 2
+        (attempt,) = ops.failed_writes
+        with open(_log(data), "rb") as fh:
+            fh.seek(cut)
+            assert (fh.read(len(attempt)) == attempt) is identical
+        items = [{"by": "a", "n": 2}]
+        acked.add(a.append(SITE, CID, items), items)
+        acked.assert_held_by(a.replay(SITE, CID, 0, 100))
+        acked.assert_held_by(b.replay(SITE, CID, 0, 100))
+    _assert_consistent(data, acked)
+
+
+@pytest.mark.parametrize("then", ["reads", "appends"])
+def test_a_failed_write_another_owner_took_in_is_left_alone(tmp_path, then):
+    """A's fdatasync fails and its cut-back truncate fails: the failed frame stays in the file. B takes
+    it in first (a read's settle or its own commit's recovery: it cannot tell it from a dead writer's
+    durable frame) and the commit point vouches for it. From then on it is part of the log every reader
+    may have been served: A's next append goes after it, never over it (the failed append's outcome was
+    unknown: its batch is stored once)."""
+    data = str(tmp_path / "data")
+    ops, acked = LogFaults(), Acked()
+    failed = [{"by": "a", "failed": True}]
+    with Store(data, file_ops=ops) as a, Store(data) as b:
+        _start(a, acked)
+        cut = _record_end(data)
+        ops.plan = ["fdatasync", "ftruncate"]
+        with pytest.raises(Io):
+            a.append(SITE, CID, failed)
+        if then == "reads":
+            seen = b.replay(SITE, CID, 0, 100)
+        else:
+            items = [{"by": "b"}]
+            acked.add(b.append(SITE, CID, items), items)
+            seen = b.replay(SITE, CID, 0, 100)
+        assert [i.payload for i in seen][2] == failed[0]  # B took it in: vouched for
+        assert _record_end(data) > cut
+        items = [{"by": "a", "n": 2}]
+        got = a.append(SITE, CID, items)
+        acked.add(got, items)
+        assert got.first == len(seen)
+        for reader in (a, b):
+            served = reader.replay(SITE, CID, 0, 100)
+            assert served[: len(seen)] == seen  # what B was served stays true
+            acked.assert_held_by(served)
+    _assert_consistent(data, acked, extra=1)
+
+
+@pytest.mark.parametrize("first", ["append", "read", "close"])
+def test_a_failed_write_nobody_took_in_is_cut_by_its_writer_before_anything_is_built_on_it(tmp_path, first):
+    """A's fdatasync and its cut-back truncate fail, and no other owner comes: the failed frame, past
+    the commit point and byte for byte A's, is cut by A under the lock before anything takes it in -
+    before its next append, before a read of its own would serve it (no reader ever saw it), or when it
+    closes the conversation (what it remembers goes with it)."""
+    data = str(tmp_path / "data")
+    ops, acked = LogFaults(), Acked()
+    a = Store(data, file_ops=ops)
+    try:
+        _start(a, acked)
+        cut = _record_end(data)
+        ops.plan = ["fdatasync", "ftruncate"]
+        with pytest.raises(Io):
+            a.append(SITE, CID, [{"by": "a", "failed": True}])
+        assert os.path.getsize(_log(data)) > cut  # the failed frame is still there
+        if first == "read":
+            acked.assert_held_by(a.replay(SITE, CID, 0, 100))  # not the failed batch
+            assert os.path.getsize(_log(data)) == cut == _record_end(data)
+        if first == "close":
+            a.close()  # trims the unused tail too: the file ends at the last acknowledged frame
+            assert os.path.getsize(_log(data)) == cut == _record_end(data)
+            a = Store(data, file_ops=ops)
+        items = [{"by": "a", "n": 2}]
+        got = a.append(SITE, CID, items)
+        acked.add(got, items)
+        assert got.first == 2 and _frame_seq_at(data, cut) == 2
+        acked.assert_held_by(a.replay(SITE, CID, 0, 100))
+    finally:
+        a.close()
+    _assert_consistent(data, acked)
