@@ -21,6 +21,7 @@ from __future__ import annotations
 import errno
 import multiprocessing
 import os
+import random
 import threading
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -239,25 +240,37 @@ class LogFaults(FileOps):
 
     E.g. ``["fdatasync", "fdatasync"]``: a commit's fdatasync fails, the cleanup's ``ftruncate`` takes
     effect and its fdatasync fails too; ``["fdatasync", "ftruncate"]``: the cut-back itself fails, so
-    the failed write stays in the file (fsyncgate: readable from the page cache, maybe never on disk)."""
+    the failed write stays in the file (fsyncgate: readable from the page cache, maybe never on disk).
 
-    def __init__(self) -> None:
+    ``rate`` (with ``rng``), while the plan is empty: each log ``pwrite``/``fdatasync``/``ftruncate``
+    fails with that probability, a failed ``pwrite`` after a random prefix (the seeded stress test)."""
+
+    def __init__(self, *, rate: float = 0.0, rng: random.Random | None = None) -> None:
         self.plan: list[str] = []
         self.torn = 0
         self.injected: list[str] = []
         self.failed_writes: list[bytes] = []  # the data of each failed ``pwrite``, whole
+        self.rate, self.rng = rate, rng or random.Random(0)
 
     def _fault(self, name: str, fd: int) -> bool:
-        if self.plan and self.plan[0] == name and is_log_fd(fd):
+        if not is_log_fd(fd):
+            return False
+        if self.plan:
+            if self.plan[0] != name:
+                return False
             self.injected.append(self.plan.pop(0))
+            return True
+        if self.rate and self.rng.random() < self.rate:
+            self.injected.append(name)
             return True
         return False
 
     def pwrite(self, fd: int, data: bytes | memoryview, offset: int) -> None:
         if self._fault("pwrite", fd):
             self.failed_writes.append(bytes(data))
-            if self.torn:
-                super().pwrite(fd, bytes(data[: self.torn]), offset)
+            torn = self.torn if not self.rate else self.rng.randrange(len(data) + 1)
+            if torn:
+                super().pwrite(fd, bytes(data[:torn]), offset)
             raise OSError(errno.EIO, "injected EIO in pwrite")
         super().pwrite(fd, data, offset)
 
