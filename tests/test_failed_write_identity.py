@@ -25,13 +25,16 @@ import pytest
 from logstore import LogstoreError, Store
 from logstore.core.errors import Io
 from logstore.core.models import SeqRange
+from logstore.file import boot
 from logstore.file.fileio import OS_FILE_OPS
 from logstore.file.layout import conversation_paths
 from logstore.file.log import conversation
-from logstore.file.log.commit_point import RECORD_SIZE, decode
+from logstore.file.log.commit_point import RECORD_SIZE, CommitPoint, decode
 from logstore.file.log.scanner import scan_log
+from logstore.file.log.tail import FailedWrite, cut_own_failed_write
 from logstore.fsck.check import check
 from tests.cross_process_support import LogFaults, RemoteStore
+from tests.test_read_dead_writer import KillAfterLogSync, Killed
 
 SITE, CID = "site-a", "failed-write-01"
 
@@ -378,4 +381,80 @@ def test_two_owners_under_random_log_io_errors_never_lose_or_double_an_acknowled
     for outcome in results["a"] + results["b"]:
         if outcome[0] == "read":
             assert outcome[1] == final[: len(outcome[1])], "a frame once served was cut or replaced"
+    assert check(data).exit_code == 0
+
+
+_OURS = bytes(range(1, 31)) + bytes(range(101, 141))  # two frames' bytes: 30 + 40
+_EPOCH = b"epoch-01"
+
+
+@pytest.mark.parametrize(
+    ("case", "end", "cut"),
+    [
+        ("ours", 170, True),  # every frame of the failed write, nothing vouched for past 100
+        ("ours", 130, True),  # a torn write: its complete first frame
+        ("ours", 100, False),  # nothing good past the record: a torn tail, recovery's to cut
+        ("ours", 200, False),  # more good frames than the failed write wrote: not all ours
+        ("other bytes", 170, False),  # another writer's frames there (it died before its record)
+        ("other epoch", 170, False),  # a repair or an erasure since: nothing of ours to know
+        ("other boot", 170, False),
+        ("no record", 170, False),
+        ("vouched", 170, False),  # another process took them in: the record ends past 100
+    ],
+)
+def test_cut_own_failed_write_cuts_only_its_own_unvouched_bytes(tmp_path, caplog, case, end, cut):
+    """The rule in ``tail.cut_own_failed_write``, case by case, on a log of 100 acknowledged bytes with
+    the failed write's 70 bytes after them."""
+    path = tmp_path / "x.log"
+    tail_bytes = bytes(70) if case == "other bytes" else _OURS
+    path.write_bytes(b"a" * 100 + (tail_bytes + b"z" * 30 if end == 200 else tail_bytes))
+    fd = os.open(path, os.O_RDWR)
+    try:
+        ino = os.fstat(fd).st_ino
+        point: CommitPoint | None = CommitPoint(
+            os.urandom(16) if case == "other boot" else boot.boot_id(),
+            b"epoch-02" if case == "other epoch" else _EPOCH,
+            ino,
+            130 if case == "vouched" else 100,
+            5,
+        )
+        if case == "no record":
+            point = None
+        failed = FailedWrite(_EPOCH, 100, _OURS)
+        size = os.fstat(fd).st_size
+        assert cut_own_failed_write(OS_FILE_OPS, fd, failed, point, ino=ino, end=end, path="x.log") is cut
+        assert os.fstat(fd).st_size == (100 if cut else size)
+        assert ("leaving it" in caplog.text) is (case == "vouched")
+    finally:
+        os.close(fd)
+
+
+def test_a_dead_writers_frame_whose_adoption_failed_is_cut_not_taken_in_by_a_retry(tmp_path):
+    """Recovery takes in a dead writer's frame (past the record, never acknowledged) by fdatasyncing it
+    first. If that fdatasync fails and so does the cut back, the frame is a failed write of the
+    recovering process: a later recovery's fdatasync may succeed without writing it (fsyncgate), so the
+    retry cuts it instead of vouching for it, and the next append takes its seq."""
+    data = str(tmp_path / "data")
+    killer, ops = KillAfterLogSync(), LogFaults()
+    reader, writer = Store(data, file_ops=ops), Store(data, file_ops=killer)
+    try:
+        reader.append(SITE, CID, [{"n": 0}])
+        writer.append(SITE, CID, [{"n": 1}])
+        assert [i.seq for i in reader.recall(SITE, CID, 10)] == [0, 1]
+        killer.armed = True
+        with pytest.raises(Killed):
+            writer.append(SITE, CID, [{"n": "stored, never acknowledged"}])
+        cut = _record_end(data)
+        ops.plan = ["fdatasync", "ftruncate"]
+        with pytest.raises(Io):
+            reader.replay(SITE, CID, 0, 10)  # the settle's recovery: its fdatasync and its cut fail
+        assert ops.injected == ["fdatasync", "ftruncate"] and _record_end(data) == cut
+        assert [i.payload for i in reader.replay(SITE, CID, 0, 10)] == [{"n": 0}, {"n": 1}]
+        assert os.path.getsize(_log(data)) == cut == _record_end(data)
+        assert reader.append(SITE, CID, [{"n": 2}]).first == 2
+    finally:
+        reader.close()
+        writer.close()
+    with Store(data) as fresh:
+        assert [i.payload for i in fresh.replay(SITE, CID, 0, 10)] == [{"n": 0}, {"n": 1}, {"n": 2}]
     assert check(data).exit_code == 0

@@ -43,7 +43,7 @@ from .recovery import (
 )
 from .scanner import ScanState, scan_log
 from .seq_index import SidecarIndex
-from .tail import FailedWrite, cut_back, cut_own_failed_write, trim, truncate_torn
+from .tail import FailedWrite, cut_back, cut_own_failed_write, failed_write_at, trim, truncate_torn
 from .writer import EncodedGroup, Written, write_group
 
 __all__ = ["LogFiles"]
@@ -324,9 +324,9 @@ class LogFiles:
                 write_raw(self.ops, pfd, record)
         except OSError as exc:
             # Never retry an fsync and trust it: cut what was not vouched for (never acknowledged) and
-            # reopen from scratch next time.
-            if keep:
-                cut_back(self.ops, fd, vouched)
+            # reopen from scratch next time; if that cut fails, it is a failed write of ours (``poison``).
+            if keep and not cut_back(self.ops, fd, vouched):
+                self._failed = failed_write_at(self.ops, fd, epoch, vouched, state.end)
             self.close()
             raise self.io_error("recovery", exc) from exc
         self._install(replace(state, point=record), epoch)

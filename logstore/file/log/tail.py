@@ -22,7 +22,9 @@ file lock, and all only ever *remove* unacknowledged bytes:
   (issue 33 §3). And it cuts only bytes no commit point vouches for: once any process took them in,
   readers may have been served them and frames may have been built on them, and an acknowledged frame
   can be byte for byte the same (the same items in the same microsecond) - the record cannot tell the
-  two apart, so such frames are logged and left alone.
+  two apart, so such frames are logged and left alone. Frames recovery failed to make durable before
+  vouching for them (a dead writer's), whose cut back failed too, are such a failed write of the
+  recovering process (``failed_write_at``).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ __all__ = [
     "truncate_torn",
     "cut_back",
     "FailedWrite",
+    "failed_write_at",
     "cut_own_failed_write",
 ]
 
@@ -112,6 +115,19 @@ class FailedWrite:
     epoch: bytes  # of the commit point it was written under, which ended at ``offset``
     offset: int  # where it began: the acknowledged end then
     frames: bytes  # its frames, byte for byte (not a v2 log's zeros after them)
+
+
+def failed_write_at(ops: FileOps, fd: int, epoch: bytes, start: int, end: int) -> FailedWrite | None:
+    """Recovery's ``fdatasync`` of frames past the record (``[start, end)``, a dead writer's) failed and
+    so did the cut back to ``start``: they are a failed write of the recovering process now (it must not
+    take them in with a later ``fdatasync`` that may succeed without writing them). None if there are
+    none, or they cannot even be read (the next recovery judges them as it finds them)."""
+    if end <= start:
+        return None
+    try:
+        return FailedWrite(epoch, start, ops.pread(fd, end - start, start))
+    except OSError:
+        return None
 
 
 def cut_own_failed_write(
