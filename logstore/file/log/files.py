@@ -294,7 +294,7 @@ class LogFiles:
         except OSError as exc:
             self.close()
             raise self.io_error("recovery read", exc) from exc
-        if self._failed is not None:
+        if self._failed is not None and state.corrupt is None:  # (damage: the one verdict, and fsck's)
             try:
                 cut = cut_own_failed_write(
                     self.ops, fd, self._failed, point, ino=self._ino, end=state.end, path=self.paths.log
