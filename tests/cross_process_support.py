@@ -12,6 +12,8 @@ write: the batch is written but never made durable, so no reader may ever see it
 
 ``BlockingSyncOps``: armed, the next ``fdatasync`` of a conversation log stops inside it until the test
 lets go (``proceed``), then succeeds or fails with ``fail``: a writer held mid-commit in this process.
+
+``LogFaults``: the log calls its ``plan`` names fail, in order (a failed write, then a failed cleanup).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import errno
 import multiprocessing
 import os
+import random
 import threading
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -27,7 +30,7 @@ from typing import Any
 from logstore.core.factory import open_store, parse_store_url
 from logstore.file.fileio import FileOps
 
-__all__ = ["BlockingSyncOps", "RemoteStore", "RemoteError", "StallingSync", "is_log_fd"]
+__all__ = ["BlockingSyncOps", "LogFaults", "RemoteStore", "RemoteError", "StallingSync", "is_log_fd"]
 
 CALL_TIMEOUT = 120.0  # generous: a loaded machine; a hung child fails the test instead of hanging it
 
@@ -226,3 +229,57 @@ def cursor_worker(index: int, conn: Connection, barrier: Any) -> None:
                 conn.send(None if len(page.conversations) == 1 else f"page of {len(page.conversations)}")
             except LogstoreError as exc:
                 conn.send(type(exc).__name__)
+
+
+class LogFaults(FileOps):
+    """Fails the calls ``plan`` names on a conversation log's descriptor (``is_log_fd``), in order: the
+    next log call named ``plan[0]`` fails with EIO and leaves the plan. A failing ``pwrite`` first writes
+    the first ``torn`` bytes of its data (a short write, then the error). Every other call (a journal's,
+    an index's, the lock file's) passes through. ``injected``: the faults given, in order;
+    ``failed_writes``: what each failed ``pwrite`` was asked to write.
+
+    E.g. ``["fdatasync", "fdatasync"]``: a commit's fdatasync fails, the cleanup's ``ftruncate`` takes
+    effect and its fdatasync fails too; ``["fdatasync", "ftruncate"]``: the cut-back itself fails, so
+    the failed write stays in the file (fsyncgate: readable from the page cache, maybe never on disk).
+
+    ``rate`` (with ``rng``), while the plan is empty: each log ``pwrite``/``fdatasync``/``ftruncate``
+    fails with that probability, a failed ``pwrite`` after a random prefix (the seeded stress test)."""
+
+    def __init__(self, *, rate: float = 0.0, rng: random.Random | None = None) -> None:
+        self.plan: list[str] = []
+        self.torn = 0
+        self.injected: list[str] = []
+        self.failed_writes: list[bytes] = []  # the data of each failed ``pwrite``, whole
+        self.rate, self.rng = rate, rng or random.Random(0)
+
+    def _fault(self, name: str, fd: int) -> bool:
+        if not is_log_fd(fd):
+            return False
+        if self.plan:
+            if self.plan[0] != name:
+                return False
+            self.injected.append(self.plan.pop(0))
+            return True
+        if self.rate and self.rng.random() < self.rate:
+            self.injected.append(name)
+            return True
+        return False
+
+    def pwrite(self, fd: int, data: bytes | memoryview, offset: int) -> None:
+        if self._fault("pwrite", fd):
+            self.failed_writes.append(bytes(data))
+            torn = self.torn if not self.rate else self.rng.randrange(len(data) + 1)
+            if torn:
+                super().pwrite(fd, bytes(data[:torn]), offset)
+            raise OSError(errno.EIO, "injected EIO in pwrite")
+        super().pwrite(fd, data, offset)
+
+    def fdatasync(self, fd: int) -> None:
+        if self._fault("fdatasync", fd):
+            raise OSError(errno.EIO, "injected EIO in fdatasync")
+        super().fdatasync(fd)
+
+    def ftruncate(self, fd: int, size: int) -> None:
+        if self._fault("ftruncate", fd):
+            raise OSError(errno.EIO, "injected EIO in ftruncate")
+        super().ftruncate(fd, size)

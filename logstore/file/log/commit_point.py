@@ -13,10 +13,11 @@ Rules:
   after the commit's own ``fdatasync``, or after recovery took in frames a crashed writer left and
   fdatasynced them (recovery's frames beyond the old record are not known to be durable until then).
 - Within one epoch a log only grows: frames at or before ``end`` never change. Anything that cuts or
-  replaces frames a record vouched for (a repair, an erasure, cutting a failed write another process had
-  taken in) first *invalidates* the record (zeros; ``invalidate``), then changes the log; the next locked
-  recovery starts a new, random epoch. A reader that scanned while that happened sees another record when
-  it reads it again after its scan (a seqlock), and starts over.
+  replaces frames a record vouched for (a repair, an erasure) first *invalidates* the record (zeros;
+  ``invalidate``), then changes the log; the next locked recovery starts a new, random epoch. A reader
+  that scanned while that happened sees another record when it reads it again after its scan (a
+  seqlock), and starts over. A writer never cuts what a record vouches for, not even its own failed
+  write (``tail.cut_own_failed_write``).
 - The record is never fsynced: after a power loss it may be stale, so a record from another boot is not
   trusted (the reader recovers under the file lock instead, and writes a new one). After a process crash
   the page cache keeps it, and it still tells the truth: the dead writer wrote it after an ``fdatasync``.

@@ -279,7 +279,6 @@ class ConversationLog:
                 path=self.paths.log,
                 offset=offset,
             )
-        files.drop_unsafe_tail()
         self._write_group(group)
 
     def _write_group(self, group: list[AppendRequest]) -> None:

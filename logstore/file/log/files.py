@@ -13,7 +13,8 @@ the owner's locks its caller holds ("the I/O lock": ``_io_lock``). Its own ``_st
   judgement of damage: any disagreement sends the caller to the lock); ``load_locked``, recovery's whole
   rule, after which what it found is made durable and the commit point rewritten.
 - A failed write or fsync poisons the files (``poison``): the unacknowledged bytes are cut off (best
-  effort; if that fails too, ``_unsafe_from`` makes the next commit cut them before building on them).
+  effort; if the truncate fails, ``_failed`` makes the next recovery under the lock cut them, if still
+  nobody vouched for them, before taking anything in: ``tail.cut_own_failed_write``).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from ...core.errors import Io
 from .. import boot
 from ..fileio import FileOps
 from ..layout import ConversationPaths
-from .commit_point import NO_RECORD, CommitPoint, decode, encode, new_epoch, read_raw, write_empty, write_raw
+from .commit_point import CommitPoint, decode, encode, new_epoch, read_raw, write_empty, write_raw
 from .freshness import Action, Record, decide, observe_locked
 from .group_commit import ReaderGuard
 from .recovery import (
@@ -42,7 +43,7 @@ from .recovery import (
 )
 from .scanner import ScanState, scan_log
 from .seq_index import SidecarIndex
-from .tail import cut_back, cut_failed_write, trim, truncate_torn
+from .tail import FailedWrite, cut_back, cut_own_failed_write, failed_write_at, trim, truncate_torn
 from .writer import EncodedGroup, Written, write_group
 
 __all__ = ["LogFiles"]
@@ -58,8 +59,9 @@ class LogFiles:
         self._state_lock = threading.Lock()  # guards swapping ``_state`` and ``_generation``; brief
         self._fd_readers = ReaderGuard()
         self._generation = 0  # bumped whenever descriptors are closed or state is rebuilt
-        # Start of a failed write whose cleanup (truncate + fdatasync) failed too; survives reloads.
-        self._unsafe_from: int | None = None
+        # A failed write whose cut-back truncate failed too (still in the file); survives reloads until
+        # the next recovery under the lock has cut it or found it is not ours to cut.
+        self._failed: FailedWrite | None = None
         self._state: LogState = EMPTY_STATE
         self._epoch = b""  # the commit point's epoch the published state belongs to
         self._log_fd: int | None = None
@@ -292,6 +294,17 @@ class LogFiles:
         except OSError as exc:
             self.close()
             raise self.io_error("recovery read", exc) from exc
+        if self._failed is not None and state.corrupt is None:  # (damage: the one verdict, and fsck's)
+            try:
+                cut = cut_own_failed_write(
+                    self.ops, fd, self._failed, point, ino=self._ino, end=state.end, path=self.paths.log
+                )
+            except OSError as exc:
+                self.close()  # still ours to cut: the next recovery tries again
+                raise self.io_error("truncate after a failed write", exc) from exc
+            self._failed = None
+            if cut:  # nothing past the record now: recover again, from what it vouches for
+                return self.load_locked(believed_end=believed_end)
         # Keep the epoch only if every frame the old record vouched for is still there.
         keep = same_log and point is not None and point.end <= state.end
         vouched = point.end if keep and point is not None else 0
@@ -311,9 +324,9 @@ class LogFiles:
                 write_raw(self.ops, pfd, record)
         except OSError as exc:
             # Never retry an fsync and trust it: cut what was not vouched for (never acknowledged) and
-            # reopen from scratch next time.
-            if keep:
-                cut_back(self.ops, fd, vouched)
+            # reopen from scratch next time; if that cut fails, it is a failed write of ours (``poison``).
+            if keep and not cut_back(self.ops, fd, vouched):
+                self._failed = failed_write_at(self.ops, fd, epoch, vouched, state.end)
             self.close()
             raise self.io_error("recovery", exc) from exc
         self._install(replace(state, point=record), epoch)
@@ -391,15 +404,20 @@ class LogFiles:
             )
             write_raw(self.ops, self._point_fd, point)  # durable: the commit point moves, for everyone
         except OSError as exc:
-            self.poison()
+            self.poison(encoded.data)
             raise self.io_error("write+fdatasync", exc) from exc
         self._chunk, new = done.chunk, done.state
+        self._failed = None  # written at an end recovery found clean: nothing of a failed write is left
         self._publish(new)
         self._index.write(new.entries, new.frames, new.end)
         return done
 
-    def trim_wanted(self) -> bool:  # a preallocated tail to give back or index entries to write
+    def trim_wanted(self) -> bool:
+        """A preallocated tail to give back, index entries to write, or a failed write to cut (``poison``:
+        a recovery under the lock cuts it before this object, and what it remembers, is gone)."""
         s = self._state
+        if self._failed is not None:
+            return True
         return self._loaded and self._log_fd is not None and (s.size > s.end or self._index.valid < s.frames)
 
     def trim_and_index(self) -> None:
@@ -417,34 +435,16 @@ class LogFiles:
         self._index.sync()
 
     # ------------------------------------------------------------------ failures
-    def poison(self) -> None:
-        """After a failed write/fsync: close everything; the next operation reopens with recovery.
+    def poison(self, frames: bytes = b"") -> None:
+        """After a failed write/fsync of ``frames`` (at the published end): close everything; the next
+        operation reopens with recovery.
 
         The failed write may sit in the page cache looking complete while the disk never got it
-        (fsyncgate): cut the file back to the last acknowledged end so it is never served, and if even
-        that fails, remember where it began: the next commit cuts it off before building on it. The
-        commit point was not moved, so no reader took any of it in."""
-        if self._log_fd is not None and not cut_back(self.ops, self._log_fd, self._state.end):
-            self._unsafe_from = self._state.end
+        (fsyncgate): cut the file back to the last acknowledged end so it is never served. If even the
+        truncate fails, remember the write as only this writer knows it (``FailedWrite``): the next
+        recovery under the lock cuts it before taking it in, unless another process vouched for it first.
+        The commit point was not moved, so no reader took any of it in."""
+        state = self._state
+        if self._log_fd is not None and not cut_back(self.ops, self._log_fd, state.end) and frames:
+            self._failed = FailedWrite(self._epoch, state.end, frames)
         self.close()
-
-    def drop_unsafe_tail(self) -> None:
-        """Cut off what a failed write left behind (see ``poison``), if anything, before appending after
-        it. Caller holds the file lock and the I/O lock, with state just refreshed. Another process may
-        have taken those frames in (recovery under the lock, its fdatasync "succeeding" after ours
-        failed) and vouched for them: the commit point is invalidated before the cut, and the reload
-        starts a new epoch."""
-        if self._unsafe_from is None:
-            return
-        cut, self._unsafe_from = self._unsafe_from, None
-        assert self._log_fd is not None and self._point_fd is not None
-        if self._state.end <= cut:
-            return  # nothing of the failed write was taken in (a torn tail is truncated by recovery)
-        try:
-            write_raw(self.ops, self._point_fd, NO_RECORD)
-            cut_failed_write(self.ops, self._log_fd, cut, self._state.end, path=self.paths.log)
-        except OSError as exc:
-            self._unsafe_from = cut  # still unsafe: try again at the next commit
-            self.close()
-            raise self.io_error("truncate after a failed write", exc) from exc
-        self.load_locked()  # a new epoch either way: the record was invalidated

@@ -14,18 +14,26 @@ Cutting, in three cases, all decided by the conversation under its I/O lock and 
 file lock, and all only ever *remove* unacknowledged bytes:
 - a torn tail found by recovery (``truncate_torn``);
 - a failed write or fdatasync (``cut_back``, best effort: the handle is poisoned either way);
-- a failed write whose cleanup failed too (``cut_failed_write``): after fsyncgate its bytes may read
-  back as valid frames from the page cache although the disk never got them, so the next commit cuts
-  them off before building on them - unless another writer already appended after them.
+- a failed write whose cut-back truncate failed too (``cut_own_failed_write``): after fsyncgate its
+  bytes may read back as valid frames from the page cache although the disk never got them, so its
+  writer cuts them before recovery takes them in. It knows them by an identity only it has
+  (``FailedWrite``: the commit point's epoch it wrote in, where it began, its exact bytes), never by
+  an offset alone: another process may have cut them and appended its own acknowledged frames there
+  (issue 33 §3). And it cuts only bytes no commit point vouches for: once any process took them in,
+  readers may have been served them and frames may have been built on them, and an acknowledged frame
+  can be byte for byte the same (the same items in the same microsecond) - the record cannot tell the
+  two apart, so such frames are logged and left alone. Frames recovery failed to make durable before
+  vouching for them (a dead writer's), whose cut back failed too, are such a failed write of the
+  recovering process (``failed_write_at``).
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from ..fileio import FileOps
-from .frame import Frame
-from .scanner import read_frame_at
+from .commit_point import CommitPoint
 
 __all__ = [
     "FIRST_CHUNK",
@@ -36,7 +44,9 @@ __all__ = [
     "trim",
     "truncate_torn",
     "cut_back",
-    "cut_failed_write",
+    "FailedWrite",
+    "failed_write_at",
+    "cut_own_failed_write",
 ]
 
 FIRST_CHUNK = 64 * 1024
@@ -82,32 +92,72 @@ def truncate_torn(ops: FileOps, fd: int, end: int, *, path: str) -> None:
 
 def cut_back(ops: FileOps, fd: int, end: int) -> bool:
     """Best effort after a failed write: cut the file back to the acknowledged ``end``, durably.
-    False if that failed (the caller then remembers ``end`` as unsafe: see ``cut_failed_write``)."""
+    False if the truncate itself failed: the failed write's bytes are still in the file (the caller
+    remembers them: ``FailedWrite``). A truncate that took effect leaves nothing of them for any process
+    of this boot to read, even if its fdatasync failed (True): only a power loss could bring them back,
+    as after a crash mid-commit (never acknowledged, judged by recovery), and an acknowledged frame that
+    another process writes there later is made durable, size included, by its own fdatasync."""
     try:
         ops.ftruncate(fd, end)
-        ops.fdatasync(fd)
     except OSError:
         return False
+    try:
+        ops.fdatasync(fd)
+    except OSError:
+        pass
     return True
 
 
-def cut_failed_write(ops: FileOps, fd: int, cut: int, end: int, *, path: str) -> bool:
-    """Cut the log at ``cut`` (durably) if ``[cut, end)`` holds only frames of the failed write that
-    began there; leave it (False) if another writer already appended after them. Raises ``OSError``."""
-    size = ops.size(fd)
-    pos = cut
-    while pos < end:
-        frame = read_frame_at(ops, fd, pos, size)
-        if not isinstance(frame, Frame) or frame.write_start != cut:
+@dataclass(frozen=True, slots=True)
+class FailedWrite:
+    """A failed write still in the file (``cut_back`` returned False), as only its writer knows it."""
+
+    epoch: bytes  # of the commit point it was written under, which ended at ``offset``
+    offset: int  # where it began: the acknowledged end then
+    frames: bytes  # its frames, byte for byte (not a v2 log's zeros after them)
+
+
+def failed_write_at(ops: FileOps, fd: int, epoch: bytes, start: int, end: int) -> FailedWrite | None:
+    """Recovery's ``fdatasync`` of frames past the record (``[start, end)``, a dead writer's) failed and
+    so did the cut back to ``start``: they are a failed write of the recovering process now (it must not
+    take them in with a later ``fdatasync`` that may succeed without writing them). None if there are
+    none, or they cannot even be read (the next recovery judges them as it finds them)."""
+    if end <= start:
+        return None
+    try:
+        return FailedWrite(epoch, start, ops.pread(fd, end - start, start))
+    except OSError:
+        return None
+
+
+def cut_own_failed_write(
+    ops: FileOps, fd: int, failed: FailedWrite, point: CommitPoint | None, *, ino: int, end: int, path: str
+) -> bool:
+    """Under the file lock, before recovery takes in the good frames it found past the commit point
+    ``point`` (up to ``end``): cut them (durably; True) if they are ``failed``'s own - the record, trusted
+    for this log and in the failed write's epoch, still ends where that write began (no process vouched
+    for anything since), and the frames are byte for byte that write's (all of them, or the complete ones
+    of a torn write). Anything else is not ours to cut (False; the caller forgets ``failed``): another
+    process's frames, or ours once a commit point vouches for them. Raises ``OSError``."""
+    if point is None or not point.trusted_for(ino) or point.epoch != failed.epoch:
+        return False  # another boot, file or epoch (a repair, an erasure): nothing of ours to know
+    if point.end != failed.offset:
+        taken = min(point.end, failed.offset + len(failed.frames)) - failed.offset
+        if taken > 0 and ops.pread(fd, taken, failed.offset) == failed.frames[:taken]:
             log.warning(
-                "log %s: frames after a failed write at offset %d were appended by another writer; "
-                "leaving them",
+                "log %s: a failed write at offset %d was taken in before its writer could cut it "
+                "(the commit point vouches up to %d); leaving it",
                 path,
-                cut,
+                failed.offset,
+                point.end,
             )
-            return False
-        pos = frame.end
-    log.warning("log %s: cutting a failed write at offset %d before appending", path, cut)
-    ops.ftruncate(fd, cut)
+        return False
+    length = end - failed.offset
+    if length <= 0 or length > len(failed.frames):
+        return False  # nothing good past the record (a torn tail: recovery cuts it), or more than ours
+    if ops.pread(fd, length, failed.offset) != failed.frames[:length]:
+        return False  # another writer's frames there, never vouched for (it died before its record)
+    log.warning("log %s: cutting a failed write at offset %d (%d bytes)", path, failed.offset, length)
+    ops.ftruncate(fd, failed.offset)
     ops.fdatasync(fd)
     return True
