@@ -348,3 +348,44 @@ def test_a_store_reads_through_file_ops_that_refuse_every_write(tmp_path):
     report = check(src, file_ops=_read_only_ops())
     assert report.exit_code == 0 and report.frames > 0, [f.to_dict() for f in report.findings]
     assert tree(src) == before
+
+
+# ---------------------------------------------------------------------- under kill -9
+def test_restore_is_refused_throughout_kill9_writers_and_nothing_acknowledged_is_lost(tmp_path):
+    """The torture's writers (3 processes, kill -9 every ~0.2 s, each restarted at once) append while a
+    restore of another store's backup is tried after every kill: never applied (refused as in use, or
+    for holding conversations when the kill left no holder for a moment), and every acknowledged batch
+    is verified at the end (the oracle), with the backup's conversation nowhere in the data dir."""
+    from logstore.core.errors import InvalidArgument
+    from logstore.file.data_dir_lock import DataDirInUse
+    from logstore.fsck.backup import restore
+    from tests.test_torture_kill9 import WRITERS, Writers, check, ingest
+    from tests.torture_workload import Oracle
+
+    data, acks, other, bk = (str(tmp_path / n) for n in ("data", "acks", "other", "backup"))
+    os.makedirs(acks)
+    fill(other, ["other-conv-1"])
+    backup(other, bk)
+    oracle = Oracle()
+    writers = Writers(data, acks, seed=33, threads=2)
+    refused = {"in use": 0, "holds conversations": 0}
+    try:
+        for slot in range(WRITERS):
+            writers.start(slot)
+        for _ in range(24):
+            ingest(oracle, writers.ack_path(writers.kill_next()))
+            try:
+                restore(bk, data, lock_timeout=0.5)
+            except DataDirInUse:
+                refused["in use"] += 1
+            except InvalidArgument as exc:
+                assert "already holds conversations" in str(exc)
+                refused["holds conversations"] += 1
+            else:
+                pytest.fail("a restore was applied to a data dir that writers were using")
+    finally:
+        for gen in writers.stop_all():
+            ingest(oracle, writers.ack_path(gen))
+    assert check(data, oracle, writers.gen, final=True) == len(oracle.acked) > 0
+    assert refused["in use"] > 0, refused
+    assert not os.path.exists(conversation_paths(data, SITE, "other-conv-1").log)
