@@ -58,7 +58,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         metavar="URL",
         help="the store: file:DIR (as --data-dir) or postgresql://... (env LOGSTORE_STORE)",
     )
-    export.add_argument("--out", help="output file (default stdout)")
+    export.add_argument(
+        "--out",
+        help="output file (default stdout), replaced whole (temp + rename); refused (exit 2) inside the data "
+        "dir however spelled, or when it is a hard link",
+    )
     export.add_argument(
         "--lock-timeout", type=float, default=5.0, help="seconds to wait for the conversation lock"
     )
