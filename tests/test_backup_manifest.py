@@ -21,7 +21,7 @@ from logstore import Store
 from logstore.core.errors import InvalidArgument
 from logstore.file.fileio import OS_FILE_OPS, FileOps
 from logstore.file.layout import backup_manifest_path, conversation_paths, manifest_dir
-from logstore.file.store_id import ensure_store_id, read_store_id
+from logstore.file.store_id import ensure_store_id, read_store_id, store_identity
 from logstore.fsck.backup import backup, restore
 from logstore.fsck.check import check
 from logstore.fsck.logdump import export_items
@@ -194,8 +194,9 @@ def test_a_killed_backup_never_restores_and_the_next_run_completes_it(tmp_path):
                 assert not os.path.exists(os.path.join(first, "sites", SITE))
                 if marked:
                     assert "backup-incomplete" in kinds(check(dst)), n
-                else:  # killed before its first file: an empty directory (fsck: not a data dir)
-                    assert os.listdir(dst) == [], n
+                else:  # killed before its first file: at most the lock and the backup's mark
+                    names = {name.split(".tmp-")[0] for name in os.listdir(dst)}
+                    assert names <= {"data_dir.lock", "backup_of"}, n
             before = dict(writer.acked)
             again = logstore("backup", dst, "--data-dir", src)  # the next run completes it
             assert again.returncode == 0, (n, again.stderr)
@@ -287,14 +288,18 @@ def test_a_backup_missing_a_site_manifest_or_its_manifest_is_not_restored(tmp_pa
     fill(src)
     backup(src, dst)
     manifest = read_json(backup_manifest_path(dst))
-    assert manifest["complete"] and manifest["store_id"] == read_store_id(OS_FILE_OPS, src)
-    assert manifest["logs"][f"{SITE}/{CIDS[0]}"][1:] == [3, 6]  # frames, next seq
+    assert manifest["complete"] and manifest["store_id"] == store_identity(OS_FILE_OPS, src)
+    assert read_store_id(OS_FILE_OPS, src) is None  # nothing is written into the source (issue 33 §5)
+    assert manifest["logs"][f"{SITE}/{CIDS[0]}"][1:3] == [3, 6]  # frames, next seq
     for name in os.listdir(manifest_dir(dst, SITE)):
         os.unlink(os.path.join(manifest_dir(dst, SITE), name))
     assert "manifest-stale" in kinds(check(dst))  # fsck sees it; repair can rebuild it from the logs
     os.unlink(backup_manifest_path(dst))
     result = logstore("restore", dst, "--data-dir", str(tmp_path / "r"))
     assert result.returncode == 2 and "no backup_manifest.json" in result.stderr
+    # fsck agrees with restore (issue 33 §5): the backup's mark says what it is, so it is not clean
+    assert "backup-incomplete" in kinds(check(dst))
+    assert logstore("fsck", dst).returncode == 4
 
 
 def test_a_corrupt_source_log_leaves_the_backup_incomplete_naming_it(tmp_path):
@@ -386,13 +391,15 @@ def test_one_backup_at_a_time_writes_into_a_destination(tmp_path):
     src, dst = str(tmp_path / "data"), str(tmp_path / "backup")
     fill(src, CIDS[:2])
     backup(src, dst)
-    fd = os.open(dst, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)  # as a running backup holds it
-        before = tree(dst)
-        result = logstore("backup", dst, "--data-dir", src)
-        assert result.returncode == 2 and "another backup or restore is writing" in result.stderr
-        assert tree(dst) == before
-    finally:
-        os.close(fd)
+    for mode in (fcntl.LOCK_EX, fcntl.LOCK_SH):  # a running backup or restore; a server on the backup
+        fd = os.open(os.path.join(dst, "data_dir.lock"), os.O_RDONLY)
+        try:
+            fcntl.flock(fd, mode)
+            before = tree(dst)
+            result = logstore("backup", dst, "--data-dir", src)
+            assert result.returncode == 3 and "is in use" in result.stderr, result.stderr
+            assert len(result.stderr.splitlines()) == 1
+            assert tree(dst) == before
+        finally:
+            os.close(fd)
     assert logstore("backup", dst, "--data-dir", src).returncode == 0

@@ -2,9 +2,11 @@
 
 Exit codes: 0 done, 1 failed (an operational error; the destination is completed by the next run),
 2 bad argument: nothing was written (a destination that overlaps the data dir however spelled, one that
-is neither empty nor a backup of this store; for restore, a backup that is not whole, or a data dir that
-holds conversations), 4 done except for corrupt source logs it names (run ``logstore fsck`` on the
-source; the backup stays marked incomplete until a run copies them).
+is neither empty nor a backup of this store, or holds links; for restore, a backup that is not whole, or
+a data dir that holds data the backup does not), 3 in use: a server or store has the data dir being
+written open (its ``data_dir.lock``; nothing was written), 4 done except for corrupt logs it names
+(backup: run ``logstore fsck`` on the source; the backup stays marked incomplete until a run copies
+them; restore: the backup changed while it was copied, the data dir stays marked partial).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import sys
 
 __all__ = ["register", "cmd_backup", "cmd_restore"]
 
+EXIT_IN_USE = 3
 EXIT_CORRUPT = 4
 
 
@@ -29,8 +32,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "earlier backup only what was appended since is copied; conversations erased since are removed "
         "from it. DEST must be empty or an earlier backup of this data dir, and must not overlap it "
         "however spelled (symlink, bind mount, ..). backup_manifest.json is written last: until then "
-        "the backup is marked incomplete. Exit: 0 done, 1 failed (run it again), 2 refused (nothing "
-        "written), 4 corrupt source logs skipped (the backup stays incomplete).",
+        "the backup is marked incomplete. DEST must hold no symlink and no hard link to the data dir's "
+        "files; logs with other names (a cp -al rotation) are replaced, never written in place. It takes "
+        "the data dir's lock shared (online) and DEST's exclusively: no server may serve DEST. Exit: 0 "
+        "done, 1 failed (run it again), 2 refused (nothing written), 3 DEST in use by a server, store or "
+        "another backup/restore, 4 corrupt source logs skipped (the backup stays incomplete).",
     )
     bk.add_argument("dest", metavar="DEST", help="backup directory (created if needed)")
     add_data_dir_argument(bk)
@@ -39,12 +45,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
     rs = subparsers.add_parser(
         "restore",
-        help="copy a backup back into an empty data dir",
+        help="copy a backup back into an empty data dir (offline: servers stopped)",
         description="Copy BACKUP (made by `logstore backup`) into the data dir, which must not hold any "
-        "conversation yet (stop the servers; move the damaged data dir aside first). The backup must be "
-        "whole: its backup_manifest.json complete and every file matching it (else nothing is restored "
-        "and what is missing is named). Exit: 0 done, 1 failed, 2 not a whole backup, or a data dir "
-        "that holds conversations.",
+        "conversation yet (stop the servers; move the damaged data dir aside first). Offline only: it "
+        "takes the data dir's lock exclusively and refuses while a server or store has it open. The "
+        "backup must be whole: its backup_manifest.json complete and every file matching it, each log's "
+        "content digest included (else nothing is restored and what is missing is named). It never "
+        "removes or overwrites what it did not copy itself. Exit: 0 done, 1 failed, 2 not a whole "
+        "backup, or a data dir that holds data, 3 the data dir is in use (nothing written), 4 the backup "
+        "changed while it was copied (the data dir stays marked partial).",
     )
     rs.add_argument("backup_dir", metavar="BACKUP", help="a directory written by `logstore backup`")
     add_data_dir_argument(rs)
@@ -61,6 +70,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 def _run(command: str, args: argparse.Namespace, source: str, dest: str) -> int:
     from logstore.core.errors import InvalidArgument
+    from logstore.file.data_dir_lock import DataDirInUse
     from logstore.fsck.backup import backup, restore
 
     from .fsck import ProgressBar
@@ -72,6 +82,9 @@ def _run(command: str, args: argparse.Namespace, source: str, dest: str) -> int:
     except InvalidArgument as exc:
         print(f"logstore {command}: {exc}", file=sys.stderr)
         return 2
+    except DataDirInUse as exc:
+        print(f"logstore {command}: {exc}", file=sys.stderr)
+        return EXIT_IN_USE
     finally:
         if bar is not None:
             bar.close()

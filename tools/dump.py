@@ -24,6 +24,7 @@ from .fsck import (
 )
 
 if TYPE_CHECKING:
+    from logstore.file.layout import ConversationPaths
     from logstore.fsck.logdump import DumpRecord
 
 __all__ = ["register", "cmd_dump", "cmd_export"]
@@ -57,7 +58,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         metavar="URL",
         help="the store: file:DIR (as --data-dir) or postgresql://... (env LOGSTORE_STORE)",
     )
-    export.add_argument("--out", help="output file (default stdout)")
+    export.add_argument(
+        "--out",
+        help="output file (default stdout), replaced whole (temp + rename); refused (exit 2) inside the data "
+        "dir however spelled, or when it is a hard link",
+    )
     export.add_argument(
         "--lock-timeout", type=float, default=5.0, help="seconds to wait for the conversation lock"
     )
@@ -188,28 +193,120 @@ def cmd_export(args: argparse.Namespace) -> int:
     paths = conversation_paths(os.path.abspath(data_dir), site, conversation)
     if not os.path.exists(paths.log):  # as dump: an unknown site or conversation is an error, not silence
         return _fail("export", f"no log for conversation {conversation} in site {site}")
+    refusal = _out_refusal(args.out, data_dir, paths) if args.out else None
+    if refusal is not None:
+        return _usage("export", refusal)
     try:
-        out = open(args.out, "wb") if args.out else sys.stdout.buffer  # noqa: SIM115 - closed below
+        target = _OutFile(args.out) if args.out else None
     except OSError as exc:
         from .cli import describe_error
 
         return _fail("export", f"cannot write --out: {describe_error(exc)}")
+    out = target.file if target is not None else sys.stdout.buffer
     try:
-        count = export_items(OS_FILE_OPS, paths, out, lock_timeout=args.lock_timeout)
+        from logstore.file.data_dir_lock import DataDirLock
+
+        with DataDirLock.shared(OS_FILE_OPS, os.path.abspath(data_dir), timeout=args.lock_timeout):
+            count = export_items(OS_FILE_OPS, paths, out, lock_timeout=args.lock_timeout)
+        if target is not None:
+            target.commit()
     except BrokenPipeError:
         return _closed_pipe()
     except Corrupted as exc:
-        out.flush()
+        if target is not None:
+            target.commit()  # everything before the corruption, as on stdout
+        else:
+            out.flush()
         print(f"logstore export: stopped at corruption: {exc}", file=sys.stderr)
         return EXIT_UNCORRECTED
     except (LogstoreError, OSError) as exc:
         return _fail("export", exc)
     finally:
-        if args.out:
-            out.close()
-    if args.out:
+        if target is not None:
+            target.close()
+    if target is not None:
         print(f"exported {count} item(s) to {args.out}", file=sys.stderr)
     return 0
+
+
+def _out_refusal(out: str, data_dir: str, paths: ConversationPaths) -> str | None:
+    """Why ``--out`` must not be written, or None. Refused: any path inside the data dir however spelled
+    (its resolved path, or a directory on the way that *is* one of the data dir's: a bind mount), and an
+    existing file with more than one name (a hard link: it could be a data dir file under another name).
+    Writing is by temp + rename besides, so no existing file's bytes are ever changed."""
+    from logstore.file import layout
+
+    real, root = os.path.realpath(out), os.path.realpath(data_dir)
+    inside = f"--out {out} (resolved: {real}) is inside the data dir {root}: nothing written"
+    if real == root or real.startswith(root + os.sep):
+        return inside
+    ours, here = [layout.sites_dir(root)], paths.directory  # the conversation's directories, up to root
+    while here != os.path.abspath(data_dir) and here != os.path.dirname(here):
+        ours.append(here)
+        here = os.path.dirname(here)
+    idents = {_ident(path) for path in [root, *ours]} - {None}
+    parent = os.path.dirname(real)
+    while True:
+        if _ident(parent) in idents:
+            return inside
+        if parent == os.path.dirname(parent):
+            break
+        parent = os.path.dirname(parent)
+    try:
+        st = os.stat(real)
+    except FileNotFoundError:
+        return None
+    if os.path.isfile(real) and st.st_nlink > 1:
+        return (
+            f"--out {out} is a file with {st.st_nlink} names (a hard link, maybe to a data dir file): "
+            "export to a new file; nothing written"
+        )
+    return None
+
+
+def _ident(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+class _OutFile:
+    """``--out``: a regular file is written as a temp file beside it, fsynced and renamed over it (its old
+    bytes are never changed in place: a crash or a full disk leaves the old file whole). Anything else
+    (a pipe, ``/dev/stdout``, a device) is written as it is."""
+
+    def __init__(self, out: str) -> None:
+        real = os.path.realpath(out)
+        self.final: str | None = None
+        if os.path.exists(real) and not os.path.isfile(real):
+            self.file = open(real, "wb")  # noqa: SIM115 - closed by close()
+            return
+        self.final, self.tmp = real, f"{real}.tmp-{os.getpid()}"
+        fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        self.file = os.fdopen(fd, "wb")
+
+    def commit(self) -> None:
+        if self.final is None or self.file.closed:
+            return
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        self.file.close()
+        os.replace(self.tmp, self.final)
+        self.tmp = ""
+        from logstore.file.fileio import OS_FILE_OPS
+
+        OS_FILE_OPS.fsync_dir(os.path.dirname(self.final))
+
+    def close(self) -> None:
+        if not self.file.closed:
+            self.file.close()
+        if self.final is not None and self.tmp:
+            try:
+                os.unlink(self.tmp)  # not committed: the old file (if any) stays as it was
+            except FileNotFoundError:
+                pass
 
 
 def _export_store(args: argparse.Namespace) -> str | None:

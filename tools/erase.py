@@ -58,9 +58,15 @@ def cmd_delete(args: argparse.Namespace) -> int:
         return 1
     try:
         if scheme == "file":
+            from logstore.file.data_dir_lock import DataDirLock
             from logstore.file.erasure import erase_conversation
+            from logstore.file.fileio import OS_FILE_OPS
 
-            result = erase_conversation(rest, args.site, args.conversation_id, lock_timeout=args.lock_timeout)
+            # Online, as a store: shared (a restore into this data dir is not running, nor starts).
+            with DataDirLock.shared(OS_FILE_OPS, os.path.abspath(rest), timeout=args.lock_timeout):
+                result = erase_conversation(
+                    rest, args.site, args.conversation_id, lock_timeout=args.lock_timeout
+                )
             found, detail = result.had_log or bool(result.files_removed), f"{result.files_removed} file(s)"
         else:
             from logstore.postgres.erasure import erase_conversation as erase_rows

@@ -4,7 +4,8 @@ A site exists for the server exactly when it has an entry here (the engine creat
 its first append, so this file, not the directory tree, is the registry). Entries are
 ``logstore.core.registry.hash_password``'s (passwords are never stored).
 
-Writers (the ``logstore site`` CLI) take ``credentials.lock`` (a ``filelock``) around read-modify-write and
+Writers (the ``logstore site`` CLI) hold the data dir lock shared (``data_dir_lock``: never during a
+restore) and take ``credentials.lock`` (a ``filelock``) around read-modify-write and
 replace the file with ``OS_FILE_OPS.atomic_write`` (temp + fsync + rename + directory fsync), so a reader —
 a running server, possibly in several processes — always sees a complete old or new file.
 """
@@ -21,12 +22,14 @@ from filelock import FileLock
 
 from ..core.registry import RegistryEdits, SiteEntry
 from . import layout
+from .data_dir_lock import DataDirLock
 from .fileio import FILE_MODE, OS_FILE_OPS
 
 __all__ = ["CredentialsFile"]
 
 _FORMAT = "logstore-credentials"
 _VERSION = 1
+_DATA_DIR_WAIT = 5.0  # seconds an edit waits for an offline-only command (restore) to finish
 
 
 class CredentialsFile(RegistryEdits):
@@ -67,7 +70,11 @@ class CredentialsFile(RegistryEdits):
     def _editing(self) -> Iterator[dict[str, SiteEntry]]:
         """The entries, under the lock; written back if the block changed them and raised nothing."""
         OS_FILE_OPS.makedirs_durable(self.data_dir)
-        with FileLock(layout.credentials_lock_path(self.data_dir), mode=FILE_MODE):
+        # Shared, as a store's: a restore (which replaces credentials.json) is not running, nor starts.
+        with (
+            DataDirLock.shared(OS_FILE_OPS, self.data_dir, timeout=_DATA_DIR_WAIT),
+            FileLock(layout.credentials_lock_path(self.data_dir), mode=FILE_MODE),
+        ):
             sites = self.load()
             before = dict(sites)
             yield sites

@@ -20,10 +20,13 @@ import os
 
 from .statx import Ident, fstat_ident, stat_ident
 
-__all__ = ["FileOps", "OS_FILE_OPS", "NoSyncOps", "FILE_MODE", "DIR_MODE"]
+__all__ = ["FileOps", "OS_FILE_OPS", "NoSyncOps", "FILE_MODE", "DIR_MODE", "READ_ONLY_ERRNOS"]
 
 FILE_MODE = 0o600
 DIR_MODE = 0o700
+# Opening for write fails with these where this process may read but not write (a read-only snapshot or
+# bind mount, another user's data dir): readers then open read-only (``open_writable``).
+READ_ONLY_ERRNOS = frozenset({errno_mod.EROFS, errno_mod.EACCES, errno_mod.EPERM})
 
 
 class FileOps:
@@ -35,6 +38,20 @@ class FileOps:
 
     def close(self, fd: int) -> None:
         os.close(fd)
+
+    def open_writable(self, path: str, flags: int) -> int:
+        """``open(path, flags)`` (flags asking for write), or, where the file system or the permissions
+        refuse writing (``READ_ONLY_ERRNOS``), the existing file opened ``O_RDONLY``: reads of a read-only
+        data dir work, and a write through the descriptor fails (EBADF) like any other I/O error."""
+        try:
+            return self.open(path, flags)
+        except OSError as exc:
+            if exc.errno not in READ_ONLY_ERRNOS:
+                raise
+            try:
+                return self.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                raise exc from None
 
     # --- data --------------------------------------------------------------------------------------
     def pwrite(self, fd: int, data: bytes | memoryview, offset: int) -> None:

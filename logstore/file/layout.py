@@ -5,6 +5,8 @@
       secret                                        key that signs list cursors (32 bytes)
       store_id                                      this store's identity (32 hex digits; file.store_id)
       backup_manifest.json                          in a backup only: what it holds (fsck.backup_manifest)
+      backup_of                                     in a backup only: made first, never removed (fsck.backup)
+      data_dir.lock                                 flock: shared by every store, exclusive for restore
       credentials.json, credentials.lock            the site registry (logstore.file.credentials)
       sites/<site>/
         conversations/<h1>/<h2>/<id>.log            the record log (the truth)
@@ -39,6 +41,8 @@ __all__ = [
     "CREDENTIALS_LOCK",
     "STORE_ID",
     "BACKUP_MANIFEST",
+    "BACKUP_OF",
+    "DATA_DIR_LOCK",
     "COMPACT_LOCK",
     "LOG_SUFFIX",
     "INDEX_SUFFIX",
@@ -63,6 +67,8 @@ __all__ = [
     "credentials_lock_path",
     "store_id_path",
     "backup_manifest_path",
+    "backup_of_path",
+    "data_dir_lock_path",
     "conversation_paths",
     "erasure_marker_path",
     "log_path_function",
@@ -79,12 +85,16 @@ CREDENTIALS = "credentials.json"
 CREDENTIALS_LOCK = "credentials.lock"
 STORE_ID = "store_id"
 BACKUP_MANIFEST = "backup_manifest.json"
+BACKUP_OF = "backup_of"  # a backup's mark, written before anything else and never removed
+DATA_DIR_LOCK = "data_dir.lock"  # file.data_dir_lock
 COMPACT_LOCK = "compact.lock"
 LOG_SUFFIX, INDEX_SUFFIX, LOCK_SUFFIX = ".log", ".idx", ".lock"
 ERASING_SUFFIX = ".erasing"  # an erasure in progress (file.erasure); holds no data
 CONVERSATION_SUFFIXES = (LOG_SUFFIX, INDEX_SUFFIX, LOCK_SUFFIX)
 # what a data dir holds (a backup also holds BACKUP_MANIFEST)
-TOP_LEVEL = frozenset({SITES, SECRET, CREDENTIALS, CREDENTIALS_LOCK, STORE_ID, BACKUP_MANIFEST})
+TOP_LEVEL = frozenset(
+    {SITES, SECRET, CREDENTIALS, CREDENTIALS_LOCK, STORE_ID, BACKUP_MANIFEST, BACKUP_OF, DATA_DIR_LOCK}
+)
 SITE_ENTRIES = (CONVERSATIONS, MANIFEST)  # what a site directory holds
 MANIFEST_KINDS = ("snapshot", "journal")
 
@@ -155,6 +165,14 @@ def store_id_path(data_dir: str) -> str:
 
 def backup_manifest_path(data_dir: str) -> str:
     return os.path.join(data_dir, BACKUP_MANIFEST)
+
+
+def backup_of_path(data_dir: str) -> str:
+    return os.path.join(data_dir, BACKUP_OF)
+
+
+def data_dir_lock_path(data_dir: str) -> str:
+    return os.path.join(data_dir, DATA_DIR_LOCK)
 
 
 def conversation_paths(data_dir: str, site: str, conversation_id: str) -> ConversationPaths:

@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from ..core.errors import Io, Timeout
-from .fileio import FILE_MODE
+from .fileio import FILE_MODE, READ_ONLY_ERRNOS
 
 __all__ = ["PathLock", "held"]
 
@@ -52,7 +52,7 @@ class PathLock:
         delay = 0.0002
         try:
             if self._fd is None:
-                self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
+                self._fd = _open(self.path)
             while True:
                 try:
                     fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -104,6 +104,20 @@ class PathLock:
                 os.close(fd)  # closing the last descriptor of the open file description drops the flock
             except OSError:
                 pass
+
+
+def _open(path: str) -> int:
+    """The lock file, created if needed; on a read-only data dir the existing one, read-only (``flock``
+    works on a read-only descriptor: readers and fsck of a snapshot still exclude each other)."""
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
+    except OSError as exc:
+        if exc.errno not in READ_ONLY_ERRNOS:
+            raise
+        try:
+            return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise exc from None
 
 
 @contextmanager

@@ -22,6 +22,7 @@ from ..core.imported import ImportedBatch
 from ..core.limits import DEFAULT_LIST_LIMIT, DEFAULT_RECALL_COUNT, MAX_READ_COUNT
 from ..core.models import ConversationListing, MemoryItem, SeqRange
 from . import layout
+from .data_dir_lock import DataDirLock
 from .fileio import OS_FILE_OPS, FileOps
 from .log.conversation import AppendRequest, CommitInfo, ConversationLog
 from .log.frame import encode_items
@@ -45,11 +46,21 @@ class Store:
         self.lock_timeout = float(lock_timeout)
         self.ops = file_ops
         self.max_open_conversations = max(1, max_open_conversations)
+        lock: DataDirLock | None = None
         try:
             self.ops.makedirs_durable(layout.sites_dir(self.data_dir))
+            # Held shared until close: an offline-only command (restore) refuses while any store has the
+            # data dir open, and a store does not open one that such a command is rewriting.
+            lock = DataDirLock.shared(self.ops, self.data_dir, timeout=self.lock_timeout)
             self._cursor_key = self._load_secret()
-        except OSError as exc:  # every I/O failure the caller sees is the retryable Io
-            raise Io(f"cannot open data dir {self.data_dir}: {exc.strerror or exc}", errno=exc.errno) from exc
+        except BaseException as exc:
+            if lock is not None:
+                lock.close()
+            if isinstance(exc, OSError):  # every I/O failure the caller sees is the retryable Io
+                why = exc.strerror or exc
+                raise Io(f"cannot open data dir {self.data_dir}: {why}", errno=exc.errno) from exc
+            raise
+        self._data_dir_lock = lock
         self._guard = threading.Lock()
         self._handles: OrderedDict[tuple[str, str], ConversationLog] = OrderedDict()
         self._users: dict[tuple[str, str], int] = {}
@@ -112,11 +123,14 @@ class Store:
             self._handles.clear()
             manifests = list(self._manifests.values())
         _report_open(-len(handles))
-        for conv in handles:
-            conv.sync_index()
-            conv.close()
-        for manifest in manifests:
-            manifest.close()
+        try:
+            for conv in handles:
+                conv.sync_index()
+                conv.close()
+            for manifest in manifests:
+                manifest.close()
+        finally:
+            self._data_dir_lock.close()  # last: nothing of this store touches the data dir after it
 
     # ------------------------------------------------------------------ internals
     def _load_secret(self) -> bytes:

@@ -1,14 +1,18 @@
 """A data dir's identity (``<data_dir>/store_id``: 32 hex digits and a newline), so that a backup can tell
 "an earlier backup of this store" from "somebody else's backup" (``logstore.fsck.backup``).
 
-Created once, on first need, exclusively: the id is written to a temp file and fsynced, then ``link``ed
-into place. ``link`` fails with EEXIST if another process got there first, and then that process's id is
-the store's (it was whole before it had its name). It is never rewritten; a backup copies it, so a
-restored store keeps the identity of the store it was backed up from.
+Older data dirs have the file (``ensure_store_id`` made it on their first backup: created exclusively,
+the id written to a temp file and fsynced, then ``link``ed into place; EEXIST means another process's id
+won). A backup no longer writes into its source (a read-only snapshot must back up too): a data dir
+without the file is identified by ``store_identity``, a digest of its ``secret`` (the 32 random bytes
+every store makes on its first open, replaced only by ``fsck --repair`` of a damaged one). Neither is
+rewritten; a backup copies both, so a restored store keeps the identity of the store it was backed up
+from.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import secrets
@@ -17,7 +21,7 @@ import threading
 from . import layout
 from .fileio import FILE_MODE, FileOps
 
-__all__ = ["StoreIdDamaged", "read_store_id", "ensure_store_id"]
+__all__ = ["StoreIdDamaged", "read_store_id", "ensure_store_id", "store_identity"]
 
 _VALID = re.compile(r"[0-9a-f]{32}")
 _creating = threading.Lock()  # one temp name per process (``.tmp-<pid>``, what fsck knows as a temp file)
@@ -37,6 +41,18 @@ def read_store_id(ops: FileOps, data_dir: str) -> str | None:
     if not _VALID.fullmatch(text):
         raise StoreIdDamaged(f"{path} does not hold a store id (32 hex digits): {data[:40]!r}")
     return text
+
+
+def store_identity(ops: FileOps, data_dir: str) -> str | None:
+    """The store's id without writing anything: the ``store_id`` file's, else derived from the ``secret``
+    (None when there is neither: no store has opened this data dir). Raises ``StoreIdDamaged``."""
+    existing = read_store_id(ops, data_dir)
+    if existing is not None:
+        return existing
+    secret = ops.read_file(layout.secret_path(data_dir))
+    if not secret:
+        return None
+    return hashlib.blake2b(secret, digest_size=16, person=b"logstore-storeid").hexdigest()
 
 
 def ensure_store_id(ops: FileOps, data_dir: str) -> str:

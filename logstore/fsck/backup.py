@@ -12,7 +12,11 @@ Per conversation log:
    append-only, so the bytes before it never change), copy those bytes, ``fdatasync``, and extend the
    destination's index with one entry per new frame (the index then matches the log exactly);
 3. incremental: the destination's copy is reused when its last frame is byte-identical in the source;
-   otherwise (the source was repaired, or erased and started again) the log is copied whole.
+   otherwise (the source was repaired, or erased and started again) the log is copied whole;
+4. a copy that has another name (a hard link: ``cp -al DEST DEST.1``) is never written in place: the new
+   copy is written beside it and renamed over it (``backup_log``), so the other name keeps its bytes;
+5. the manifest records a CRC32C of each whole copy (carried forward from the last complete manifest and
+   extended by the new bytes), so a restore refuses a log that is not the one copied.
 
 Then per site, the destination's manifest is written afresh as one snapshot built from the copied logs
 (the listing of exactly those conversations), after every log it lists is durable. Conversations no
@@ -21,8 +25,13 @@ corrupt keeps its last good copy (reported, and not updated). ``credentials.json
 copied first (each is replaced atomically in the source, so a complete version is read).
 
 Before anything is written the destination is checked: it must not overlap the source however spelled
-(``backup_paths``) and must be empty or a backup of this same store (``backup_manifest``: the store id of
-``file.store_id``). The first write marks it incomplete, the last one writes its backup manifest
+(``backup_paths``), must hold no symlink and no hard link to the source's files (``refuse_links``), and
+must be empty or a backup of this same store (``backup_manifest``: the store id of ``file.store_id``,
+read only: nothing is ever written into the source, which may be read-only). Locks (``data_dir_lock``):
+the source's shared (online, beside its servers), the destination's exclusive without waiting (no server
+may serve it while conversations are removed and manifests replaced there). The first write is the
+backup's mark (``backup_of``: fsck knows a backup even if its manifest is deleted), then it is marked
+incomplete, the last one writes its backup manifest
 (``backup_manifest``): a crash or error leaves it marked incomplete, ``restore`` and ``fsck`` refuse it,
 and the next run completes it. Corrupt source logs are reported and not copied (the backup is then
 marked incomplete, naming them: ``logstore fsck`` the source, then back up again).
@@ -30,32 +39,21 @@ marked incomplete, naming them: ``logstore fsck`` the source, then back up again
 
 from __future__ import annotations
 
-import fcntl
 import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 
 from ..core.errors import InvalidArgument
 from ..file import layout
+from ..file.data_dir_lock import DataDirLock
 from ..file.fileio import OS_FILE_OPS, FileOps
-from ..file.layout import ConversationPaths, conversation_paths
-from ..file.locking import held
-from ..file.log.frame import decode_header
-from ..file.log.index_codec import (
-    ENTRY_SIZE,
-    INDEX_HEADER,
-    INDEX_HEADER_SIZE,
-    decode_entry,
-    encode_entry,
-    header_ok,
-)
-from ..file.log.scanner import ScanState, frame_at, scan_log
+from ..file.layout import conversation_paths
 from ..file.manifest.codec import Entry, generations
 from ..file.manifest.snapshot import encode_snapshot
-from ..file.store_id import StoreIdDamaged, ensure_store_id, read_store_id
+from ..file.store_id import StoreIdDamaged, store_identity
+from .backup_log import copy_kept, copy_log
 from .backup_manifest import (
     BackupManifest,
     LogRecord,
@@ -63,13 +61,11 @@ from .backup_manifest import (
     destination_owner,
     digest,
     read_manifest,
-    scan_counting,
     utc_now,
     verify,
     write_manifest,
 )
-from .backup_paths import resolve_backup_paths
-from .logdump import acknowledged_end
+from .backup_paths import refuse_links, resolve_backup_paths
 
 __all__ = ["BackupReport", "backup", "restore", "has_conversations", "TOP_LEVEL_FILES"]
 
@@ -100,24 +96,53 @@ def backup(
 ) -> BackupReport:
     """Back ``source`` up into ``dest`` (module docstring). ``InvalidArgument`` before anything is
     written: overlapping paths (``backup_paths``), a destination that is neither empty nor a backup of
-    this store (``backup_manifest.destination_owner``)."""
+    this store (``backup_manifest.destination_owner``), or that holds links (``refuse_links``).
+    ``DataDirInUse``: a server or store has ``dest`` open, or a restore is rewriting ``source``."""
     paths = resolve_backup_paths(source, dest)  # before anything is written (backup_paths)
     src, dst, ops = paths.source, paths.dest, file_ops
     _require_data_dir(src)
+    # Shared on the source (a restore into it cannot start meanwhile), exclusive on the destination: no
+    # server serves it and no other backup or restore writes there while this one removes and replaces.
+    with DataDirLock.shared(ops, src, timeout=lock_timeout):
+        store_id = _source_id(ops, src)  # read only: nothing is ever written into the source
+        _check_owner(ops, dst, store_id)
+        ops.makedirs_durable(dst)
+        with DataDirLock.exclusive(ops, dst, what="a backup into it"):
+            _check_owner(ops, dst, store_id)  # again, now that nobody else can write there
+            refuse_links(dst, src, field="dest")  # one walk of DEST (an lstat per file), under the lock
+            known = _known_copies(ops, dst)  # before the incomplete manifest replaces the complete one
+            started = utc_now()
+            if not ops.exists(layout.backup_of_path(dst)):  # fsck knows a backup even without its manifest
+                ops.atomic_write(layout.backup_of_path(dst), f"{store_id}\n".encode())
+            # From here on the destination says "incomplete" until the last write.
+            write_manifest(ops, dst, BackupManifest(store_id, started))
+            copied = _copy_data_dir(
+                ops, src, dst, lock_timeout=lock_timeout, progress=progress, known=known, restoring=False
+            )
+            _finish(ops, dst, store_id, started, copied)
+    return copied.report
+
+
+def _source_id(ops: FileOps, src: str) -> str:
     try:
-        _check_owner(ops, dst, read_store_id(ops, src))
-        store_id = ensure_store_id(ops, src)
+        store_id = store_identity(ops, src)
     except StoreIdDamaged as exc:
         raise InvalidArgument(f"{exc}: run `logstore fsck` on the data dir", field="source") from exc
-    started = utc_now()
-    ops.makedirs_durable(dst)
-    with _exclusive(dst):
-        _check_owner(ops, dst, store_id)  # again, now that no other backup or restore can write there
-        # The first write to the destination: from here on it says "incomplete" until the last write.
-        write_manifest(ops, dst, BackupManifest(store_id, started))
-        copied = _copy_data_dir(ops, src, dst, lock_timeout=lock_timeout, progress=progress)
-        _finish(ops, dst, store_id, started, copied)
-    return copied.report
+    if store_id is None:
+        raise InvalidArgument(
+            f"{src} has neither a store_id nor a secret: no store has opened it, there is nothing to back up",
+            field="source",
+        )
+    return store_id
+
+
+def _known_copies(ops: FileOps, dst: str) -> dict[str, LogRecord]:
+    """The logs the destination's complete manifest vouches for (their digests are carried forward)."""
+    try:
+        manifest = read_manifest(ops, dst)
+    except ValueError:
+        return {}
+    return dict(manifest.logs) if manifest is not None and manifest.complete else {}
 
 
 def _check_owner(ops: FileOps, dst: str, store_id: str | None) -> None:
@@ -129,23 +154,6 @@ def _check_owner(ops: FileOps, dst: str, store_id: str | None) -> None:
             f"dir's is {store_id or 'not set'}): refusing to overwrite it. Use an empty or new directory",
             field="dest",
         )
-
-
-@contextmanager
-def _exclusive(dst: str) -> Iterator[None]:
-    """One backup or restore at a time writes into ``dst`` (a flock on the directory itself: no file is
-    added to it, and the lock goes with the process however it ends)."""
-    fd = os.open(dst, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise InvalidArgument(
-                f"another backup or restore is writing to {dst}: wait for it to finish", field="dest"
-            ) from None
-        yield
-    finally:
-        os.close(fd)
 
 
 def _finish(ops: FileOps, dst: str, store_id: str, started: str, copied: _TreeCopy) -> None:
@@ -174,16 +182,42 @@ def restore(
     """Copy a whole backup into a data dir that holds no conversation yet (or a partial restore of this
     same backup, which is completed). ``InvalidArgument``, before anything is written: overlapping paths,
     a backup that is not whole (``backup_manifest.verify``, naming what is missing or different), a data
-    dir that already holds conversations. The data dir holds a restore marker until the copy is done."""
+    dir that holds data the backup does not (conversations, other credentials) or links.
+    ``DataDirInUse``: a server, a store or another command has the data dir open (restore is offline
+    only). The data dir holds a restore marker until the copy is done; a log whose bytes do not match
+    the manifest's digest as copied is reported in ``corrupt`` and the marker stays."""
     paths = resolve_backup_paths(backup_dir, data_dir)
     src, dst, ops = paths.source, paths.dest, file_ops
-    problems = verify(ops, src)
-    if problems:
-        raise InvalidArgument(
-            f"{src} is not a whole backup; nothing was restored:\n  {describe(problems)}", field="source"
-        )
-    whole = read_manifest(ops, src)
-    assert whole is not None  # verified
+    with DataDirLock.shared(ops, src, timeout=lock_timeout):  # no backup writes into it meanwhile
+        problems = verify(ops, src)
+        if problems:
+            raise InvalidArgument(
+                f"{src} is not a whole backup; nothing was restored:\n  {describe(problems)}", field="source"
+            )
+        whole = read_manifest(ops, src)
+        assert whole is not None  # verified
+        ops.makedirs_durable(dst)
+        with DataDirLock.exclusive(ops, dst, what="restore (offline only)"):
+            _check_restore_target(ops, src, dst, whole)
+            ops.makedirs_durable(layout.sites_dir(dst))
+            # Until the copy is done the data dir says it is partial (fsck: backup-incomplete; a rerun
+            # resumes).
+            write_manifest(ops, dst, BackupManifest(whole.store_id, utc_now(), restoring_from=src))
+            report = _copy_data_dir(
+                ops, src, dst, lock_timeout=lock_timeout, progress=progress, known=whole.logs, restoring=True
+            ).report
+            if report.corrupt:  # changed since it was verified: the data dir stays marked partial
+                return report
+            ops.unlink(layout.backup_manifest_path(dst))
+            ops.fsync_dir(dst)
+    return report
+
+
+def _check_restore_target(ops: FileOps, src: str, dst: str, whole: BackupManifest) -> None:
+    """Refuse a data dir holding anything a restore would overwrite or remove that it did not copy there
+    itself: a conversation (unless this is a rerun of the same restore and every log is a prefix of the
+    backup's), credentials other than the backup's, links. Runs under the exclusive lock."""
+    refuse_links(dst, src, field="dest")
     try:
         marker = read_manifest(ops, dst)
     except ValueError:
@@ -193,14 +227,41 @@ def restore(
         raise InvalidArgument(
             f"data dir {dst} already holds conversations; restore into a new or empty data dir", field="dest"
         )
-    ops.makedirs_durable(layout.sites_dir(dst))
-    with _exclusive(dst):
-        # Until the copy is done the data dir says it is partial (fsck: backup-incomplete; a rerun resumes).
-        write_manifest(ops, dst, BackupManifest(whole.store_id, utc_now(), restoring_from=src))
-        report = _copy_data_dir(ops, src, dst, lock_timeout=lock_timeout, progress=progress).report
-        ops.unlink(layout.backup_manifest_path(dst))
-        ops.fsync_dir(dst)
-    return report
+    theirs = ops.read_file(os.path.join(dst, layout.CREDENTIALS))
+    if theirs is not None and theirs != ops.read_file(os.path.join(src, layout.CREDENTIALS)):
+        raise InvalidArgument(
+            f"data dir {dst} holds a {layout.CREDENTIALS} that is not the backup's (sites added there?): "
+            "move it aside to restore the backup's; nothing was changed",
+            field="dest",
+        )
+    for site in layout.iter_sites(ops, dst):
+        for cid, log in layout.iter_logs(ops, dst, site):
+            record = whole.logs.get(f"{site}/{cid}")
+            original = conversation_paths(src, site, cid).log
+            if record is None or not _is_prefix(ops, log, original, record.size):
+                raise InvalidArgument(
+                    f"data dir {dst} holds {site}/{cid}, which is not part of this backup's partial "
+                    "restore (written since?): restore into a new or empty data dir; nothing was changed",
+                    field="dest",
+                )
+
+
+def _is_prefix(ops: FileOps, log: str, original: str, limit: int) -> bool:
+    fd = ops.open(log, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        size = ops.size(fd)
+        if size > limit:
+            return False
+        ofd = ops.open(original, os.O_RDONLY | os.O_NOFOLLOW)
+        try:
+            return all(
+                ops.pread(fd, min(_CHUNK, size - pos), pos) == ops.pread(ofd, min(_CHUNK, size - pos), pos)
+                for pos in range(0, size, _CHUNK)
+            )
+        finally:
+            ops.close(ofd)
+    finally:
+        ops.close(fd)
 
 
 def _require_data_dir(root: str) -> None:
@@ -223,7 +284,13 @@ def _copy_data_dir(
     *,
     lock_timeout: float,
     progress: Callable[[int, int], None] | None,
+    known: dict[str, LogRecord],
+    restoring: bool,
 ) -> _TreeCopy:
+    """Copy ``src`` into ``dst``. ``known``: the manifest records of the logs (a backup: its destination's
+    last complete copies, whose digests are carried forward; a restore: the backup's, which every copy
+    must match). A restore never removes anything (``_check_restore_target`` proved there is nothing it
+    did not copy itself)."""
     tree = _TreeCopy(BackupReport(src, dst))
     report = tree.report
     ops.makedirs_durable(layout.sites_dir(dst))
@@ -242,28 +309,33 @@ def _copy_data_dir(
     with ThreadPoolExecutor(max_workers=_PARALLEL, thread_name_prefix="logstore-backup") as pool:
         for site, logs in plan.items():
             entries: dict[str, Entry] = {}
-            copies = pool.map(partial(_copy_log, ops, src, dst, site, lock_timeout=lock_timeout), logs)
-            for (cid, size), copied in zip(logs.items(), copies, strict=True):
+            copy = partial(
+                copy_log, ops, src, dst, site, lock_timeout=lock_timeout, known=known, restoring=restoring
+            )
+            for (cid, size), copied in zip(logs.items(), pool.map(copy, logs), strict=True):
                 kept = copied
                 if copied.corrupt is not None:
                     report.corrupt.append(copied.corrupt)
-                    kept = _copy_kept(ops, conversation_paths(dst, site, cid))  # the last good copy stays
+                    if not restoring:  # the last good copy stays
+                        kept = copy_kept(ops, conversation_paths(dst, site, cid), known.get(f"{site}/{cid}"))
                 if kept.entry is not None:
                     entries[cid] = kept.entry
                     report.bytes_total += kept.entry.log_size
-                    record = LogRecord(kept.entry.log_size, kept.frames, kept.entry.next_seq)
+                    record = LogRecord(kept.entry.log_size, kept.frames, kept.entry.next_seq, kept.crc)
                     tree.logs[f"{site}/{cid}"] = record
                 report.bytes_copied += copied.copied
                 report.whole_copies += copied.whole
                 done += size
                 if progress is not None:
                     progress(done, total)
-            report.removed += _remove_others(ops, dst, site, set(entries))
+            if not restoring:
+                report.removed += _remove_others(ops, dst, site, set(entries))
             _write_manifest(ops, layout.manifest_dir(dst, site), entries)
             report.conversations += len(entries)
-    for site in set(layout.iter_sites(ops, dst)) - set(plan):  # a site purged from the source
-        report.removed += _remove_others(ops, dst, site, set())
-        _write_manifest(ops, layout.manifest_dir(dst, site), {})
+    if not restoring:
+        for site in set(layout.iter_sites(ops, dst)) - set(plan):  # a site purged from the source
+            report.removed += _remove_others(ops, dst, site, set())
+            _write_manifest(ops, layout.manifest_dir(dst, site), {})
     return tree
 
 
@@ -280,120 +352,6 @@ def _logs(ops: FileOps, root: str, site: str) -> Iterator[tuple[str, int]]:
         size = ops.stat_size(path)
         if size is not None:  # else erased meanwhile
             yield cid, size
-
-
-@dataclass(frozen=True, slots=True)
-class _Copied:
-    entry: Entry | None  # None: nothing acknowledged to copy, or corrupt
-    frames: int = 0  # frames the copy holds
-    copied: int = 0
-    whole: bool = False
-    corrupt: str | None = None
-
-
-def _copy_log(ops: FileOps, src: str, dst: str, site: str, cid: str, *, lock_timeout: float) -> _Copied:
-    """Bring the destination's copy of one log up to the source's acknowledged end."""
-    sp, dp = conversation_paths(src, site, cid), conversation_paths(dst, site, cid)
-    try:
-        sfd = ops.open(sp.log, os.O_RDONLY)
-    except FileNotFoundError:  # erased since the listing
-        return _Copied(None)
-    try:
-        with held(sp.lock, lock_timeout):
-            verdict = acknowledged_end(ops, sp, sfd)
-        end = verdict.end
-        if verdict.state is ScanState.CORRUPT:
-            return _Copied(None, corrupt=f"{site}/{cid}: {verdict.reason} at byte {verdict.stop}")
-        if end == 0:
-            return _Copied(None)
-        ops.makedirs_durable(dp.directory)
-        created = not ops.exists(dp.log)
-        dfd = ops.open(dp.log, os.O_RDWR | os.O_CREAT)
-        try:
-            start, seq, last_at, index = _reusable_prefix(ops, sfd, dp, dfd, end)
-            result = scan_log(
-                ops, sfd, start=start, expected_seq=seq, last_recorded_at=last_at, file_size=end
-            )
-            # Cannot be: the end was found the same way.
-            if result.state is not ScanState.CLEAN or result.end != end:
-                return _Copied(None, corrupt=f"{site}/{cid}: {result.reason} at byte {result.stop_offset}")
-            if start < end:  # else the copy is complete already (its index is written after its sync)
-                for pos in range(start, end, _CHUNK):
-                    ops.pwrite(dfd, ops.pread(sfd, min(_CHUNK, end - pos), pos), pos)
-                if ops.size(dfd) != end:
-                    ops.ftruncate(dfd, end)
-                ops.fdatasync(dfd)
-            header = decode_header(ops.pread(dfd, 64, 0))
-        finally:
-            ops.close(dfd)
-        if created:
-            ops.fsync_dir(dp.directory)
-        if start < end:
-            _write_index(ops, dp, index, b"".join(encode_entry(f.offset, f.first_seq) for f in result.frames))
-        assert header is not None and result.last_recorded_at is not None
-        entry = Entry(header.recorded_at, result.last_recorded_at, end, result.next_seq)
-        frames = len(index) // ENTRY_SIZE + len(result.frames)
-        return _Copied(entry, frames, end - start, start == 0)
-    finally:
-        ops.close(sfd)
-
-
-def _reusable_prefix(
-    ops: FileOps, sfd: int, dp: ConversationPaths, dfd: int, end: int
-) -> tuple[int, int, int | None, bytes]:
-    """(offset, next seq, last recorded_at, index entries) of the destination's copy when it is a prefix
-    of the source: its index is whole and its last frame is byte-identical in the source. Else a fresh
-    start."""
-    fresh = (0, 0, None, b"")
-    data = ops.read_file(dp.index) or b""
-    if not header_ok(data) or (len(data) - INDEX_HEADER_SIZE) % ENTRY_SIZE:
-        return fresh
-    entries = data[INDEX_HEADER_SIZE:]
-    n = len(entries) // ENTRY_SIZE
-    last = decode_entry(entries, n - 1) if n else None
-    size = ops.size(dfd)
-    if last is None or size > end:
-        return fresh
-    frame = frame_at(ops, dfd, last[0], size)
-    if frame is None or frame.first_seq != last[1] or frame.end != size:
-        return fresh
-    if ops.pread(sfd, frame.size, frame.offset) != ops.pread(dfd, frame.size, frame.offset):
-        return fresh
-    return frame.end, frame.first_seq + frame.count, frame.recorded_at, entries
-
-
-def _copy_kept(ops: FileOps, dp: ConversationPaths) -> _Copied:
-    """The destination's existing copy, kept when the source log is corrupt: its manifest entry and frame
-    count (entry None if there is no clean copy)."""
-    try:
-        fd = ops.open(dp.log, os.O_RDONLY)
-    except FileNotFoundError:
-        return _Copied(None)
-    try:
-        result, frames = scan_counting(ops, fd)
-        header = decode_header(ops.pread(fd, 64, 0))
-        if result.state is not ScanState.CLEAN or result.last_recorded_at is None or header is None:
-            return _Copied(None)
-        entry = Entry(header.recorded_at, result.last_recorded_at, result.end, result.next_seq)
-        return _Copied(entry, frames)
-    finally:
-        ops.close(fd)
-
-
-def _write_index(ops: FileOps, dp: ConversationPaths, kept: bytes, new: bytes) -> None:
-    created = not ops.exists(dp.index)
-    fd = ops.open(dp.index, os.O_RDWR | os.O_CREAT)
-    try:
-        if kept:
-            ops.pwrite(fd, new, INDEX_HEADER_SIZE + len(kept))
-        else:
-            ops.pwrite(fd, INDEX_HEADER + new, 0)
-        ops.ftruncate(fd, INDEX_HEADER_SIZE + len(kept) + len(new))
-        ops.fdatasync(fd)
-    finally:
-        ops.close(fd)
-    if created:
-        ops.fsync_dir(dp.directory)
 
 
 def _remove_others(ops: FileOps, dst: str, site: str, keep: set[str]) -> int:

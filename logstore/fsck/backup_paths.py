@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from ..core.errors import InvalidArgument
 
-__all__ = ["BackupPaths", "resolve_backup_paths"]
+__all__ = ["BackupPaths", "resolve_backup_paths", "links_in", "refuse_links"]
 
 _Id = tuple[int, int]
 
@@ -104,3 +104,65 @@ def _directories_under(root: str) -> Iterator[_Id]:
                     stack.append(entry.path)
             except OSError:
                 continue
+
+
+def links_in(root: str) -> list[str]:
+    """Every symbolic link below ``root`` (not followed). A backup, a restore's source and its target must
+    hold none: ``DEST/sites -> <data dir>/sites`` would make a backup write into its own source, and a log
+    that is a symlink would restore whatever file it names."""
+    found: list[str] = []
+    stack = [root]
+    while stack:
+        top = stack.pop()
+        try:
+            with os.scandir(top) as it:
+                entries = list(it)
+        except FileNotFoundError:
+            continue
+        for entry in entries:
+            if entry.is_symlink():
+                found.append(entry.path)
+            elif entry.is_dir(follow_symlinks=False):
+                stack.append(entry.path)
+    return sorted(found)
+
+
+def refuse_links(root: str, other: str, *, field: str) -> None:
+    """``InvalidArgument`` when the directory a backup or restore writes into (``root``, resolved) holds a
+    symbolic link (``links_in``), or a file that is a hard link to the same file of ``other`` (the source:
+    ``cp -al`` of a data dir). Other hard links (a ``cp -al`` rotation of backups) are allowed: a copy with
+    another name is never written in place (``backup._write_log``). One ``lstat`` per file."""
+    links = links_in(root)
+    if links:
+        shown = ", ".join(links[:3]) + (f" and {len(links) - 3} more" if len(links) > 3 else "")
+        raise InvalidArgument(
+            f"{root} holds symbolic links ({shown}): a backup or restore never writes through one (it could "
+            "name the source); remove them. Nothing was written",
+            field=field,
+        )
+    stack = [root]
+    while stack:
+        top = stack.pop()
+        try:
+            with os.scandir(top) as it:
+                entries = list(it)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                stack.append(entry.path)
+                continue
+            st = entry.stat(follow_symlinks=False)
+            if st.st_nlink < 2:
+                continue
+            twin = os.path.join(other, os.path.relpath(entry.path, root))
+            try:
+                theirs = os.lstat(twin)
+            except OSError:
+                continue
+            if (theirs.st_dev, theirs.st_ino) == (st.st_dev, st.st_ino):
+                raise InvalidArgument(
+                    f"{entry.path} is a hard link to {twin}: writing there would change the other one. "
+                    "Nothing was written; use a new directory",
+                    field=field,
+                )

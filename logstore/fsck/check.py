@@ -10,7 +10,9 @@ What is checked: every site and conversation (``check_log``: frames, seqs, times
 corruption with the recovery scanner itself, the index in both directions), every site manifest against
 the logs (``check_manifest``), and the files of the layout (``Store`` in store.py): anything in the wrong
 place, unknown, or left over. It is safe beside running servers: each conversation is finished under its
-own lock (the one appends take), a manifest rebuild under the manifest's compaction lock.
+own lock (the one appends take), a manifest rebuild under the manifest's compaction lock, and the whole
+run holds the data dir lock shared (``file.data_dir_lock``), as a store does: a restore or a backup into
+this data dir refuses meanwhile. A read-only data dir is checked (locks open read-only there).
 
 What is repaired (``repair=True``): torn tails are cut (bytes saved first to ``<log>.broken-<time>``),
 stale or wrong indexes rebuilt, the manifest rebuilt from the logs. Corruption inside acknowledged data is
@@ -29,6 +31,7 @@ from functools import partial
 from ..core.errors import InvalidArgument, Timeout
 from ..core.ids import is_valid_id, validate_conversation_id, validate_site
 from ..file import layout
+from ..file.data_dir_lock import DataDirLock
 from ..file.fileio import OS_FILE_OPS, FileOps
 from ..file.layout import conversation_paths
 from ..file.manifest.codec import Entry
@@ -60,7 +63,8 @@ def check(
     root = os.path.abspath(os.fspath(data_dir))
     if not os.path.isdir(root):
         raise InvalidArgument(f"data dir {root} does not exist or is not a directory", field="data_dir")
-    is_backup = os.path.exists(layout.backup_manifest_path(root))  # an interrupted one may have no sites/
+    # A backup (its manifest, or its mark when the manifest is gone); an interrupted one may have no sites/
+    is_backup = any(map(os.path.exists, (layout.backup_manifest_path(root), layout.backup_of_path(root))))
     if not os.path.isdir(layout.sites_dir(root)) and not is_backup:  # every Store creates it: a wrong path
         raise InvalidArgument(f"{root} is not a logstore data dir (no sites/ directory)", field="data_dir")
     if site is not None:
@@ -80,6 +84,15 @@ def check(
         lock_timeout=lock_timeout,
         progress=progress,
     )
+    # Online: shared, as a store's (a restore into this data dir, or a backup into it, is not running).
+    with DataDirLock.shared(file_ops, root, timeout=lock_timeout):
+        _check_all(ctx, site, conversation, is_backup=is_backup)
+    report.elapsed = time.monotonic() - started
+    return report
+
+
+def _check_all(ctx: CheckContext, site: str | None, conversation: str | None, *, is_backup: bool) -> None:
+    report, root = ctx.report, ctx.data_dir
     filtered = site is not None or conversation is not None
     if not filtered:
         _check_top_level(ctx)
@@ -101,8 +114,6 @@ def check(
                 conversation=problem.conversation,
             )
     ctx.advance(0, force=True)
-    report.elapsed = time.monotonic() - started
-    return report
 
 
 # ---------------------------------------------------------------------- layout

@@ -191,7 +191,7 @@ class LogFiles:
         Caller holds the I/O lock."""
         self.close()  # the old state stays published until the new one replaces it whole
         try:
-            fd = self.ops.open(self.paths.log, os.O_RDWR)
+            fd = self.ops.open_writable(self.paths.log, os.O_RDWR)  # read-only data dir: reads work
         except FileNotFoundError:
             self._install(EMPTY_STATE, b"")
             return False
@@ -199,7 +199,7 @@ class LogFiles:
             raise self.io_error("open", exc) from exc
         try:
             self._log_id = self.ops.file_id(fd)
-            self._point_fd = self.ops.open(self.paths.lock, os.O_RDWR | os.O_CREAT)
+            self._point_fd = self.ops.open_writable(self.paths.lock, os.O_RDWR | os.O_CREAT)
         except OSError as exc:
             try:
                 self.ops.close(fd)
