@@ -7,11 +7,14 @@ the purge (``logstore.file.manifest.journal``)."""
 from __future__ import annotations
 
 import os
+import subprocess
 import threading
+import time
 
 import pytest
 
 from logstore import Io, Store, Timeout
+from logstore.file.credentials import CredentialsFile
 from logstore.file.erasure import purge_site
 from logstore.file.layout import conversation_paths
 from logstore.file.locking import PathLock, held
@@ -19,6 +22,9 @@ from logstore.fsck.check import check
 from tests.cross_process_support import RemoteError, RemoteStore
 from tests.history import Recorder, conversation_key, final_state
 from tests.history import check as check_history
+from tests.server_support import REPO, logstore_cmd
+from tests.test_server_cli import logstore
+from tools.cli import main as cli_main
 
 SITE = "local"
 X, Y, Z = "purged-conv-x1", "purged-conv-y2", "reborn-conv-z3"
@@ -205,3 +211,50 @@ def test_two_store_processes_after_a_purge_never_write_one_log_together(tmp_path
         assert {c.conversation_id for c in a.list_conversations(SITE, None, 100).conversations} == {X}
         assert {c.conversation_id for c in b.list_conversations(SITE, None, 100).conversations} == {X}
     _judge(d, recorder, X)
+
+
+# --------------------------------------------------------------------------- the command (§5)
+def test_bad_arguments_exit_2_in_one_line_and_change_nothing(tmp_path):
+    d = str(tmp_path / "data")
+    CredentialsFile(d).add(SITE, "pw")
+    with Store(d) as store:
+        store.append(SITE, X, [{"id": "kept"}])
+    for args in (["--grace", "-5", SITE], ["--grace", "nan", SITE], [".."], ["a/b"]):
+        out = logstore("site", "remove", "--purge", *args, "--data-dir", d)
+        assert out.returncode == 2, (args, out.stderr)
+        assert out.stderr.count("\n") == 1 and out.stderr.startswith("logstore site remove:"), out.stderr
+    assert logstore("site", "remove", "..", "--data-dir", d).returncode == 2
+    assert CredentialsFile(d).sites() == [SITE]
+    with Store(d) as store:
+        assert [m.payload for m in store.recall(SITE, X)] == [{"id": "kept"}]
+
+
+def test_a_purge_killed_in_its_grace_wait_waits_again_when_run_again(tmp_path, monkeypatch):
+    """The first run revoked the site and was killed while servers may still admit it: the rerun finds
+    the credentials gone, and must still wait before erasing (it went straight to erasing)."""
+    d = str(tmp_path / "data")
+    CredentialsFile(d).add(SITE, "pw")
+    with Store(d) as store:
+        store.append(SITE, X, [{"id": "x"}])
+    first = subprocess.Popen(
+        [*logstore_cmd(), "site", "remove", "--purge", "--grace", "600", SITE, "--data-dir", d], cwd=REPO
+    )
+    try:
+        while SITE in CredentialsFile(d).sites():  # the event: its revocation is on disk
+            assert first.poll() is None, "the first run ended before it revoked"
+            time.sleep(0.01)
+    finally:
+        first.kill()
+        first.wait()
+    assert os.path.exists(lock_path(d, X))  # killed in the wait: nothing erased yet
+    waits: list[float] = []
+    erased_when_waiting: list[bool] = []
+
+    def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        erased_when_waiting.append(not os.path.exists(lock_path(d, X)))
+
+    monkeypatch.setattr(time, "sleep", sleep)
+    assert cli_main(["site", "remove", "--purge", "--grace", "3", SITE, "--data-dir", d]) == 0
+    assert waits == [3.0] and erased_when_waiting == [False]
+    assert not os.path.exists(os.path.join(d, "sites", SITE))
