@@ -11,6 +11,7 @@ import subprocess
 import threading
 import time
 
+import anyio
 import pytest
 
 from logstore import Io, Store, Timeout
@@ -20,9 +21,9 @@ from logstore.file.layout import conversation_paths
 from logstore.file.locking import PathLock, held
 from logstore.fsck.check import check
 from tests.cross_process_support import RemoteError, RemoteStore
-from tests.history import Recorder, conversation_key, final_state
+from tests.history import Append, Recorder, conversation_key, final_state
 from tests.history import check as check_history
-from tests.server_support import REPO, logstore_cmd
+from tests.server_support import REPO, call, connect, logstore_cmd, serve
 from tests.test_server_cli import logstore
 from tools.cli import main as cli_main
 
@@ -258,3 +259,67 @@ def test_a_purge_killed_in_its_grace_wait_waits_again_when_run_again(tmp_path, m
     assert cli_main(["site", "remove", "--purge", "--grace", "3", SITE, "--data-dir", d]) == 0
     assert waits == [3.0] and erased_when_waiting == [False]
     assert not os.path.exists(os.path.join(d, "sites", SITE))
+
+
+# --------------------------------------------------------------------------- through the server
+@pytest.mark.anyio
+async def test_purge_and_site_add_of_the_same_name_under_two_server_workers(tmp_path):
+    """The issue's end-to-end case: ``serve --workers 2`` holds the site's conversations open in both
+    processes; ``site remove --purge`` and ``site add`` of the same name; four clients then append over
+    new connections (both workers). Every append is acknowledged (none fails with ``Io`` for ever), no
+    seq is acknowledged twice, every acknowledged batch is at its seqs afterwards, the workers list the
+    new conversations and not the erased one, and fsck is clean."""
+    d = str(tmp_path / "workers")
+    CredentialsFile(d).add(SITE, "pw")
+    with serve(d, "--workers", "2") as server:
+
+        async def one_call(password: str, tool: str, args: dict) -> dict:
+            async with connect(server.url, SITE, password, "legacy") as c:
+                is_error, out = await call(c, tool, args)
+                assert not is_error, out
+                return out
+
+        for i in range(6):  # new connections: both workers open X and Y
+            await one_call("pw", "append_memory", {"conversation_id": X, "items": [{"id": f"old-{i}"}]})
+            await one_call("pw", "recall_memory", {"conversation_id": Y})
+        await one_call("pw", "append_memory", {"conversation_id": Y, "items": [{"id": "old-y"}]})
+        purged = logstore("site", "remove", "--purge", "--grace", "0", SITE, "--data-dir", d)
+        assert purged.returncode == 0, purged.stderr
+        added = logstore("site", "add", SITE, "--password-stdin", "--data-dir", d, stdin="pw2\n")
+        assert added.returncode == 0, added.stderr
+        while True:  # the event: every worker re-read the credentials (they do within a second)
+            try:
+                outs = [await one_call("pw2", "list_conversations", {}) for _ in range(4)]
+                break
+            except Exception:  # noqa: BLE001 - refused until the worker took in the new password
+                await anyio.sleep(0.05)
+        assert all(o["conversations"] == [] for o in outs)  # nothing erased is listed
+
+        records: list[Append] = []
+
+        async def client(k: int) -> None:
+            for i in range(8):
+                cid = X if i % 4 else Z
+                ids = (f"c{k}-{i}-a", f"c{k}-{i}-b")
+                invoked = time.monotonic()
+                out = await one_call(
+                    "pw2", "append_memory", {"conversation_id": cid, "items": [{"id": n} for n in ids]}
+                )
+                key = conversation_key(SITE, cid)
+                records.append(Append(key, ids, invoked, time.monotonic(), out["first_seq"], out["last_seq"]))
+
+        async with anyio.create_task_group() as group:
+            for k in range(4):
+                group.start_soon(client, k)
+        for _ in range(4):
+            listing = await one_call("pw2", "list_conversations", {})
+            assert {c["conversation_id"] for c in listing["conversations"]} == {X, Z}
+    with Store(d) as store:
+        final = final_state(store, [conversation_key(SITE, X), conversation_key(SITE, Z)])
+        assert store.recall(SITE, Y) == []
+    assert len(records) == 32
+    report = check_history(records, final)
+    assert report.total == 0, report.summary()
+    assert sorted(len(v) for v in final.values()) == [16, 48]  # nothing but the acknowledged batches
+    fsck = check(d)
+    assert fsck.exit_code == 0, [f.to_dict() for f in fsck.findings]
