@@ -22,10 +22,14 @@ lock and refreshes against the file; the refresh sees that the path no longer na
 (``FileOps.same_file``), reloads, and starts a new, empty conversation in a new file: an append is never
 acknowledged into the unlinked inode. Reads check the same before serving from their descriptor.
 
-The ``.lock`` file stays (a waiter blocked on an unlinked lock file would lock nothing); it holds no data.
-Purging a site erases each conversation as above, then deletes what is left of the site's directory
-(manifest, lock files, directories). Blocks freed by ``unlink`` are not overwritten: see
-docs/OPERATIONS.md (Erasure) for backups and the storage layer.
+Erasing one conversation leaves its ``.lock`` file (it holds no data). Purging a site erases each
+conversation as above, then deletes what is left of the site's directory bottom-up: each ``.lock`` file
+is unlinked only while holding its flock (the rule in locking.py, issue 33), after checking under it
+that no log appeared; whoever flocks the old inode afterwards (a process that kept it open, a waiter)
+finds that the path no longer names it and locks the new file instead, so two processes never hold
+"the" lock on two inodes. Not atomic: an interrupted purge is finished by running it again. Blocks
+freed by ``unlink`` are not overwritten: see docs/OPERATIONS.md (Erasure) for backups and the storage
+layer.
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ from contextlib import contextmanager
 
 from ..core.errors import Io, Timeout
 from .fileio import FILE_MODE
-from .statx import fstat_ident, stat_ident
+from .statx import PathId, fstat_ident
 
 __all__ = ["PathLock", "held"]
 
@@ -53,10 +53,11 @@ __all__ = ["PathLock", "held"]
 class PathLock:
     """Exclusive lock across processes (and across owners in one process). Not reentrant, one owner."""
 
-    __slots__ = ("path", "_fd", "_id", "_held_id")
+    __slots__ = ("path", "_fd", "_id", "_held_id", "_named")
 
     def __init__(self, path: str) -> None:
         self.path = os.path.abspath(path)
+        self._named = PathId(self.path)  # which file the path names now (one statx, no timestamps)
         self._fd: int | None = None
         self._id: tuple[int, int, int] | None = None  # which file ``_fd`` is
         self._held_id: tuple[int, int, int] | None = None  # the file the last ``acquire`` locked
@@ -79,7 +80,7 @@ class PathLock:
                 except BlockingIOError:
                     pass
                 else:
-                    if self._named():
+                    if self._named.file_id() == self._id:
                         held, self._held_id = self._held_id, self._id
                         return held is not None and held != self._id
                     # We locked a file the path no longer names: its remover held the flock until it
@@ -114,13 +115,6 @@ class PathLock:
         self._fd = fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
         self._id = fstat_ident(fd).file_id
         return fd
-
-    def _named(self) -> bool:
-        """Whether the path still names the file we hold open: one ``statx``, no timestamps asked."""
-        try:
-            return stat_ident(self.path).file_id == self._id
-        except (FileNotFoundError, NotADirectoryError):
-            return False
 
     def release(self) -> None:
         """Drop the lock if held (a no-op otherwise). Never leaves it held: on failure the fd is closed."""

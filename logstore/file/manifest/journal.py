@@ -15,18 +15,20 @@ from __future__ import annotations
 import os
 
 from ..fileio import FileOps
+from ..statx import PathId
 
 __all__ = ["ActiveJournal", "read_tail"]
 
 
 class ActiveJournal:
-    __slots__ = ("ops", "fd", "path", "file_id")
+    __slots__ = ("ops", "fd", "path", "file_id", "_named")
 
     def __init__(self, ops: FileOps) -> None:
         self.ops = ops
         self.fd: int | None = None  # open for appending (O_APPEND), once this process writes
         self.path = ""
         self.file_id: tuple[int, int, int] | None = None  # None: not known (no such file when read)
+        self._named: PathId | None = None  # ``path``'s statx, once open (``holds``)
 
     def seen(self, path: str) -> None:
         """``path`` is the active journal now, about to be read: note which file it is. Taken before the
@@ -48,9 +50,9 @@ class ActiveJournal:
         return self.file_id is None or named[0] == self.file_id, named[1]
 
     def holds(self) -> bool:
-        """Whether the descriptor is open and still the file its path names (one ``statx``)."""
-        fd = self.fd
-        return fd is not None and self.ops.size_if_named(fd, self.path, self.file_id) is not None
+        """Whether the descriptor is open and still the file its path names: one ``statx`` of the path,
+        the inode alone (``PathId``: ~6,500 instructions against ~15,300 for ``FileOps.size_if_named``)."""
+        return self.fd is not None and self._named is not None and self._named.file_id() == self.file_id
 
     def open(self, path: str) -> int | None:
         """Open (create) ``path``, the active journal, for appending. None (nothing left open) if it is
@@ -64,6 +66,8 @@ class ActiveJournal:
             self.ops.close(fd)
             return None
         self.fd, self.file_id = fd, file_id
+        if self._named is None or self._named.path != self.path:
+            self._named = PathId(self.path)
         return fd
 
     def close(self) -> None:
