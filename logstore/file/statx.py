@@ -121,9 +121,9 @@ _ID = struct.Struct("<32xQ96xII").unpack_from  # stx_ino, stx_dev_major, stx_dev
 class PathId:
     """Which file one fixed path names, asked again and again by its one owner (``PathLock``'s proof after
     each ``flock``): the path encoded once and a result buffer of its own (the owner serialises its calls),
-    the inode alone asked for, None instead of an exception when nothing is there. 2.4 against 3.1 us of
-    CPU for ``stat_ident(path).file_id`` here (an 89-byte path, 10 components: the kernel's walk is most
-    of it)."""
+    the inode alone asked for, None instead of an exception when nothing is there. Here: ~6,500
+    instructions in user space against ~15,300 for ``FileOps.size_if_named`` (callgrind), 2.4 against
+    3.1 us of CPU (an 89-byte path of 10 components: the kernel's walk is most of it)."""
 
     __slots__ = ("path", "_bpath", "_buf")
 
