@@ -241,8 +241,10 @@ def test_a_purge_killed_in_its_grace_wait_waits_again_when_run_again(tmp_path, m
         [*logstore_cmd(), "site", "remove", "--purge", "--grace", "600", SITE, "--data-dir", d], cwd=REPO
     )
     try:
+        deadline = time.monotonic() + 120  # a bound against a hang, not a guess at how long it takes
         while SITE in CredentialsFile(d).sites():  # the event: its revocation is on disk
             assert first.poll() is None, "the first run ended before it revoked"
+            assert time.monotonic() < deadline, "the first run never revoked the site"
             time.sleep(0.01)
     finally:
         first.kill()
@@ -287,11 +289,13 @@ async def test_purge_and_site_add_of_the_same_name_under_two_server_workers(tmp_
         assert purged.returncode == 0, purged.stderr
         added = logstore("site", "add", SITE, "--password-stdin", "--data-dir", d, stdin="pw2\n")
         assert added.returncode == 0, added.stderr
+        deadline = time.monotonic() + 120  # a bound against a hang, not a guess at how long it takes
         while True:  # the event: every worker re-read the credentials (they do within a second)
             try:
                 outs = [await one_call("pw2", "list_conversations", {}) for _ in range(4)]
                 break
             except Exception:  # noqa: BLE001 - refused until the worker took in the new password
+                assert time.monotonic() < deadline, "the workers never took in the new password"
                 await anyio.sleep(0.05)
         assert all(o["conversations"] == [] for o in outs)  # nothing erased is listed
 

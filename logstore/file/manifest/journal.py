@@ -32,8 +32,8 @@ class ActiveJournal:
 
     def seen(self, path: str) -> None:
         """``path`` is the active journal now, about to be read: note which file it is. Taken before the
-        read, so a file replaced meanwhile is seen as replaced at the next check. Nothing is open."""
-        assert self.fd is None
+        read, so a file replaced meanwhile is seen as replaced at the next check."""
+        self.close()  # (callers have closed it already: another journal, or a reload)
         named = self.ops.identify(path)
         self.path, self.file_id = path, None if named is None else named[0]
 
