@@ -441,6 +441,11 @@ class FaultFS(FileOps):
             self._begin("stat_size", path)
         return super().stat_size(path)
 
+    def identify(self, path: str) -> tuple[tuple[int, int, int], int] | None:
+        with self._mutex:
+            self._begin("stat_size", path)  # the same stat of a path, with the file's identity
+        return super().identify(path)
+
     # ------------------------------------------------------------------ crash images
     def unsynced(self) -> int:
         """Number of unsynced changes (writes, truncations, entry changes) in the model."""

@@ -40,6 +40,25 @@ def _seen(ident: statx.Ident) -> tuple[int, int, int, int]:
     return (os.makedev(ident.dev_major, ident.dev_minor), ident.ino, ident.nlink, ident.size)
 
 
+def test_path_id_names_the_file_the_path_names_now(tmp_path: Path, mode: str) -> None:
+    """``PathId`` (the lock-file dance's and the manifest journal's proof): the path's file id as
+    ``stat_ident`` gives it, a replacement seen, None when nothing or a non-directory is on the way."""
+    path = tmp_path / "c.lock"
+    path.write_bytes(b"")
+    named = statx.PathId(str(path))
+    assert named.file_id() == statx.stat_ident(str(path)).file_id
+    old = named.file_id()
+    os.rename(path, tmp_path / "kept")  # keeps the old inode alive: its number cannot come back
+    path.write_bytes(b"")
+    assert named.file_id() == statx.stat_ident(str(path)).file_id != old
+    os.unlink(path)
+    assert named.file_id() is None
+    assert statx.PathId(str(tmp_path / "kept" / "x")).file_id() is None  # ENOTDIR
+    with pytest.raises(OSError) as caught:
+        statx.PathId(str(tmp_path / ("n" * 300))).file_id()  # ENAMETOOLONG is not "no file"
+    assert caught.value.errno == errno.ENAMETOOLONG
+
+
 def test_answers_match_os_stat(tmp_path: Path, mode: str) -> None:
     path = tmp_path / "log"
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)

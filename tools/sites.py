@@ -62,9 +62,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "remove",
         help="revoke a site's credentials (--purge: and erase all its data)",
         description="Revoke a site's credentials. Its conversations stay on disk unless --purge is given: "
-        "then, after the credentials are revoked and running servers have noticed (--grace seconds), "
-        "the site's directory is renamed away in one atomic step and deleted (docs/OPERATIONS.md, "
-        "Erasure). Exit: 0 done, 1 unknown site or failure.",
+        "then the credentials are revoked, the command waits --grace seconds for running servers to "
+        "notice (also when they were already revoked: a purge run again after an interruption), erases "
+        "the site's conversations one by one (each crash-safe, under its lock), and deletes what is left "
+        "of the site's directory, unlinking each lock file while holding it (docs/OPERATIONS.md, "
+        "Erasure). Not atomic: if it is interrupted, or a log appears meanwhile, run it again. Exit: 0 "
+        "done, 1 unknown site or failure, 2 bad name or --grace.",
     )
     rm.add_argument("name")
     rm.add_argument("--purge", action="store_true", help="also erase every conversation of the site")
@@ -72,8 +75,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "--grace",
         type=float,
         default=2.0,
-        help="with --purge: seconds to wait after revoking, for running servers to stop admitting the site "
-        "(they re-read credentials within 1 s; default 2)",
+        help="with --purge: seconds (>= 0) to wait after revoking, for running servers to stop admitting "
+        "the site (they re-read credentials within 1 s; default 2)",
     )
     add_store_argument(rm)
     rm.set_defaults(func=cmd_remove)
@@ -162,11 +165,16 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_remove(args: argparse.Namespace) -> int:
     import time
 
+    from logstore.core.errors import InvalidArgument
+    from logstore.core.ids import validate_site
     from logstore.core.registry import UnknownSite
 
     try:
+        validate_site(args.name)  # before anything changes (a purge would fail only after revoking)
+        if not args.grace >= 0:  # (NaN too)
+            raise ValueError(f"--grace must be a number of seconds >= 0, got {args.grace:g}")
         registry, data_dir = _registry(args)
-    except ValueError as exc:
+    except (InvalidArgument, ValueError) as exc:
         return _usage("remove", exc)
     try:
         registry.remove(args.name)
@@ -180,7 +188,7 @@ def cmd_remove(args: argparse.Namespace) -> int:
     if not args.purge:
         print(f"removed site '{args.name}' (its credentials are revoked; its data stays in the store)")
         return 0
-    if revoked and args.grace > 0:
+    if args.grace > 0:  # also when already revoked: a purge interrupted in its wait, run again
         time.sleep(args.grace)
     erased = _purge(args, data_dir)
     if not revoked and not erased:
@@ -193,9 +201,13 @@ def cmd_remove(args: argparse.Namespace) -> int:
 def _purge(args: argparse.Namespace, data_dir: str | None) -> int:
     """Erase every conversation of the site: a data dir's files, or a PostgreSQL store's rows."""
     if data_dir is not None:
+        from logstore.file.data_dir_lock import DataDirLock
         from logstore.file.erasure import purge_site
+        from logstore.file.fileio import OS_FILE_OPS
 
-        return purge_site(data_dir, args.name)
+        # Online, as a store: shared (a restore into this data dir is not running, nor starts).
+        with DataDirLock.shared(OS_FILE_OPS, os.path.abspath(data_dir), timeout=5.0):
+            return purge_site(data_dir, args.name)
     from logstore.postgres.erasure import purge_site as purge_rows
 
     from .cli import store_url_of

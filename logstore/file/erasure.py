@@ -22,10 +22,14 @@ lock and refreshes against the file; the refresh sees that the path no longer na
 (``FileOps.same_file``), reloads, and starts a new, empty conversation in a new file: an append is never
 acknowledged into the unlinked inode. Reads check the same before serving from their descriptor.
 
-The ``.lock`` file stays (a waiter blocked on an unlinked lock file would lock nothing); it holds no data.
-Purging a site erases each conversation as above, then deletes what is left of the site's directory
-(manifest, lock files, directories). Blocks freed by ``unlink`` are not overwritten: see
-docs/OPERATIONS.md (Erasure) for backups and the storage layer.
+Erasing one conversation leaves its ``.lock`` file (it holds no data). Purging a site erases each
+conversation as above, then deletes what is left of the site's directory bottom-up: each ``.lock`` file
+is unlinked only while holding its flock (the rule in locking.py, issue 33), after checking under it
+that no log appeared; whoever flocks the old inode afterwards (a process that kept it open, a waiter)
+finds that the path no longer names it and locks the new file instead, so two processes never hold
+"the" lock on two inodes. Not atomic: an interrupted purge is finished by running it again. Blocks
+freed by ``unlink`` are not overwritten: see docs/OPERATIONS.md (Erasure) for backups and the storage
+layer.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from ..core.ids import is_valid_id, validate_conversation_id, validate_site
 from . import layout
 from .fileio import OS_FILE_OPS, FileOps
 from .layout import ConversationPaths, conversation_paths
-from .locking import held
+from .locking import PathLock, held
 from .log.commit_point import invalidate
 from .manifest.site import SiteManifest
 
@@ -218,23 +222,44 @@ def purge_site(
         erased += erase_conversation(root, site, cid, file_ops=file_ops, lock_timeout=lock_timeout).had_log
     site_dir = layout.site_dir(root, site)
     if file_ops.exists(site_dir):
-        _remove_tree(file_ops, site_dir)
+        _remove_tree(file_ops, site_dir, lock_timeout)
         file_ops.fsync_dir(os.path.dirname(site_dir))
     return erased
 
 
-def _remove_tree(ops: FileOps, path: str) -> None:
+def _remove_tree(ops: FileOps, path: str, timeout: float) -> None:
     """Bottom-up removal of what erasure leaves (lock files, the manifest, directories). Only data-free
     files remain by now; any log that appeared since is still erased under its lock first."""
     for name in ops.listdir(path):
         child = os.path.join(path, name)
         if os.path.isdir(child) and not os.path.islink(child):
-            _remove_tree(ops, child)
+            _remove_tree(ops, child, timeout)
             continue
-        cid = name.partition(".")[0]
-        if name.endswith(".log") and is_valid_id(cid):
-            raise OSError(
-                errno.ENOTEMPTY, "a conversation log appeared during the purge (run it again)", child
-            )
+        if name.endswith(layout.LOCK_SUFFIX):
+            _unlink_lock(ops, child, timeout)
+            continue
+        if name.endswith(layout.LOG_SUFFIX) and is_valid_id(name.partition(".")[0]):
+            raise _log_appeared(child)
         ops.unlink(child)
     ops.rmdir(path)
+
+
+def _unlink_lock(ops: FileOps, path: str, timeout: float) -> None:
+    """Unlink a lock file while holding its flock (the rule in locking.py): whoever flocks the old inode
+    afterwards, a waiter or a process that kept it open, finds that the path no longer names it and opens
+    the path again, so two owners never hold "the" lock on two inodes. A conversation's log found under
+    its lock (a request already past authentication appended after its erasure) stops the purge."""
+    lock = PathLock(path)
+    try:
+        lock.acquire(timeout)
+        base = path[: -len(layout.LOCK_SUFFIX)]
+        log = base + layout.LOG_SUFFIX
+        if is_valid_id(os.path.basename(base)) and ops.exists(log):
+            raise _log_appeared(log)
+        ops.unlink(path)
+    finally:
+        lock.close()
+
+
+def _log_appeared(path: str) -> OSError:
+    return OSError(errno.ENOTEMPTY, "a conversation log appeared during the purge (run it again)", path)

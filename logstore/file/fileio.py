@@ -163,6 +163,14 @@ class FileOps:
         """Whether ``path`` still names the file open as ``fd`` (False if it was replaced or removed)."""
         return _named(fd, path, None) is not None
 
+    def identify(self, path: str) -> tuple[tuple[int, int, int], int] | None:
+        """Which file ``path`` names (``file_id``) and its size, or None if it names none."""
+        try:
+            found = stat_ident(path)
+        except FileNotFoundError:
+            return None
+        return found.file_id, found.size
+
     def stat_size(self, path: str) -> int | None:
         """Size of the file at ``path``, or None if it does not exist."""
         try:

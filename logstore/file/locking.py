@@ -15,12 +15,25 @@ Rules:
   may call it in ``finally`` even when an interrupt arrived in the middle of ``acquire``. An unexpected
   ``OSError`` while locking or unlocking closes the descriptor (closing drops the flock: never left held)
   and surfaces as ``Io``; a later ``acquire`` reopens the file.
-- Lock files are never unlinked: a waiter blocked on an unlinked inode would lock nothing.
+- The lock-file dance (issue 33: a purge unlinked ``.lock`` files; a process that still had one open
+  went on flocking the unlinked inode, one that opened the path afterwards flocked a new file, and both
+  wrote one log): after ``flock`` succeeds, the holder proves that the path still names the file it
+  locked (the path's ``statx`` against the descriptor's identity, taken by one ``fstat`` when the file
+  was opened: an inode number cannot be reused while the descriptor holds it open). If the path is gone
+  or names another file, it unlocks by closing and retries with a fresh open, within the same timeout;
+  ``acquire`` then says so (returns True), so an owner that reads through other descriptors of that file
+  (the commit point) drops them.
+- A lock file is unlinked only by a holder of its flock (``erasure.purge_site``), never beside it: so
+  whoever flocks the old inode afterwards (a waiter that was blocked on it, an owner that kept it open)
+  finds the path no longer names it. Unlinking a lock file nobody holds would let two owners each hold
+  "the" lock on two inodes.
 
 Why not ``filelock.FileLock`` on the hot path: measured on this machine, filelock 4.x costs ~90 us per
 acquire/release (it reopens and re-validates the lock file each time), about 20% of one fdatasync here;
-this is ~1.5 us. It is the same ``flock`` on the same file, so a ``filelock.FileLock`` on a ``.lock`` path
-(e.g. an external tool) excludes correctly against these locks. Site-level, rarely taken locks use filelock.
+this is ~1.1 us of CPU per acquire/release, ~4 us with the dance's ``statx`` of the path (a
+10-component path: the kernel's walk is most of it; docs/PERFORMANCE.md, "The lock-file dance"). It is
+the same ``flock`` on the same file, so a ``filelock.FileLock`` on a ``.lock`` path (e.g. an external
+tool) excludes correctly against these locks. Site-level, rarely taken locks use filelock.
 """
 
 from __future__ import annotations
@@ -33,6 +46,7 @@ from contextlib import contextmanager
 
 from ..core.errors import Io, Timeout
 from .fileio import FILE_MODE, READ_ONLY_ERRNOS
+from .statx import PathId, fstat_ident
 
 __all__ = ["PathLock", "held"]
 
@@ -40,25 +54,40 @@ __all__ = ["PathLock", "held"]
 class PathLock:
     """Exclusive lock across processes (and across owners in one process). Not reentrant, one owner."""
 
-    __slots__ = ("path", "_fd")
+    __slots__ = ("path", "_fd", "_id", "_held_id", "_named")
 
     def __init__(self, path: str) -> None:
         self.path = os.path.abspath(path)
+        self._named = PathId(self.path)  # which file the path names now (one statx, no timestamps)
         self._fd: int | None = None
+        self._id: tuple[int, int, int] | None = None  # which file ``_fd`` is
+        self._held_id: tuple[int, int, int] | None = None  # the file the last ``acquire`` locked
 
-    def acquire(self, timeout: float) -> None:
-        """Take the lock or raise ``Timeout`` after ``timeout`` seconds (``Io`` on an OS failure)."""
+    def acquire(self, timeout: float) -> bool:
+        """Take the lock or raise ``Timeout`` after ``timeout`` seconds (``Io`` on an OS failure; its
+        ``errno`` is ENOENT when the lock file's directory is gone). Returns True when the file now locked
+        is not the one this lock had open before (the path was replaced or removed since, by a holder of
+        its flock): the owner drops what it read through other descriptors of the old file. (Against the
+        last ``acquire`` that returned, so a replacement seen by one that timed out is not forgotten.)"""
         deadline: float | None = None  # read the clock only once the first try failed
         delay = 0.0002
         try:
-            if self._fd is None:
-                self._fd = _open(self.path)
             while True:
+                fd = self._fd
+                if fd is None:
+                    fd = self._open()
                 try:
-                    fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    return
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
                     pass
+                else:
+                    if self._named.file_id() == self._id:
+                        held, self._held_id = self._held_id, self._id
+                        return held is not None and held != self._id
+                    # We locked a file the path no longer names: its remover held the flock until it
+                    # had unlinked it. Closing drops our flock on the dead inode; open the path again.
+                    self._drop()
+                    continue
                 if deadline is None:
                     deadline = time.monotonic() + timeout
                 remaining = deadline - time.monotonic()
@@ -81,6 +110,12 @@ class PathLock:
             except Io:
                 pass  # release closed the descriptor, which drops the flock; the interrupt wins
             raise
+
+    def _open(self) -> int:
+        """Open (or create) the lock file; note which file it is (one ``fstat`` per open)."""
+        self._fd = fd = _open(self.path)
+        self._id = fstat_ident(fd).file_id
+        return fd
 
     def release(self) -> None:
         """Drop the lock if held (a no-op otherwise). Never leaves it held: on failure the fd is closed."""

@@ -42,6 +42,7 @@ Lock order (one name per lock; never take a lock to the left while holding one t
 
 from __future__ import annotations
 
+import errno
 import logging
 import threading
 import time
@@ -141,7 +142,7 @@ class ConversationLog:
             return  # nothing to give back, nothing to index: no lock taken
         try:
             try:
-                self._file_lock.acquire(0.0)  # one try: closing never waits on another process
+                self._lock_file(0.0)  # one try: closing never waits on another process
             except Timeout:
                 return
             try:
@@ -187,7 +188,7 @@ class ConversationLog:
                 raise Unavailable("store is closed")
             try:
                 self._settling = done
-                self._file_lock.acquire(0.0)
+                self._lock_file(0.0)
                 with self._io_lock:
                     self._refresh_locked_io()
             except Timeout:
@@ -211,11 +212,21 @@ class ConversationLog:
             if self._closed:  # before the lock fd could be reopened after close() closed it
                 raise Unavailable("store is closed")
             try:
-                self._file_lock.acquire(self.lock_timeout)
+                self._lock_file(self.lock_timeout)
                 with self._io_lock:
                     self._refresh_locked_io()
             finally:
                 self._file_lock.release()
+
+    def _lock_file(self, timeout: float) -> None:
+        """Take the cross-process file lock (``PathLock``: it proves the path still names the file it
+        locked). If that is another file than the one held before (a purge unlinked the old one under its
+        flock), the descriptors are dropped, the commit point's among them (it is read through its own
+        descriptor of the lock file): the next refresh reloads from the paths. Caller holds
+        ``_commit_lock``."""
+        if self._file_lock.acquire(timeout):
+            with self._io_lock:
+                self._files.close()
 
     def _refresh_locked_io(self) -> None:
         """Bring the state up to the file (``LogFiles.refresh_locked``: recovery judges any bytes past the
@@ -249,14 +260,23 @@ class ConversationLog:
         with self._commit_lock:
             if self._closed:  # before the lock fd could be reopened after close() closed it
                 raise Unavailable("store is closed")
-            if not self._directory_ready:  # the file lock lives there
-                try:
-                    self._files.ops.makedirs_durable(self.paths.directory)
-                except OSError as exc:
-                    raise self._files.io_error("mkdir", exc) from exc
-                self._directory_ready = True
             try:
-                self._file_lock.acquire(self.lock_timeout)
+                for attempt in (1, 2):
+                    if not self._directory_ready:  # the file lock lives there
+                        try:
+                            self._files.ops.makedirs_durable(self.paths.directory)
+                        except OSError as exc:
+                            raise self._files.io_error("mkdir", exc) from exc
+                        self._directory_ready = True
+                    try:
+                        self._lock_file(self.lock_timeout)
+                        break
+                    except Io as exc:
+                        if exc.errno != errno.ENOENT or attempt == 2:
+                            raise
+                        # The directory went (a purge removed the site's tree): a new conversation
+                        # starts there, as in a directory never created.
+                        self._directory_ready = False
                 with self._io_lock:
                     self._commit_group(group)
             finally:
@@ -380,7 +400,7 @@ class ConversationLog:
             if self._closed:  # close() may have run: never reopen descriptors after it
                 raise Unavailable("store is closed")
             try:
-                self._file_lock.acquire(self.lock_timeout)
+                self._lock_file(self.lock_timeout)
                 with self._io_lock:
                     if self._closed:
                         raise Unavailable("store is closed")

@@ -51,6 +51,7 @@ from .codec import (
     erased_entry,
     generations,
 )
+from .journal import ActiveJournal, read_tail
 from .reconcile import Reconciliation, end_session, new_session
 from .snapshot import encode_snapshot
 from .state import DiskState, read_state
@@ -88,7 +89,7 @@ class SiteManifest:
         self._unwritten: dict[str, Entry] = {}  # applied, but their journal write failed
         self._gen, self._successor, self._unchecked = 0, (-1, ""), 0  # the last two: see _append_bytes
         self._base_gen = -1  # generation of the snapshot the table is based on
-        self._journal_fd: int | None = None
+        self._active, self._remark = ActiveJournal(ops), False  # journal.<gen> as we hold it; _replaced
         self._read_pos = 0  # bytes of the active journal already applied
         self._loaded = False
         self._damaged = False
@@ -124,9 +125,10 @@ class SiteManifest:
 
     def _load(self) -> None:
         """Memory from the newest snapshot and every journal at or after its generation."""
-        self._close_journal()
+        self._active.close()
         found = self._generations()
         self._gen = found.newest
+        self._active.seen(self._path("journal", self._gen))
         state = self._read_state(found.base, found.live_journals)
         self._table, self._sessions, self._read_pos = state.table, state.sessions, state.pos
         self._damaged, self._marked, self._base_gen = state.damaged, state.marked, found.base
@@ -197,23 +199,31 @@ class SiteManifest:
     def _path(self, kind: str, gen: int) -> str:
         return layout.manifest_file(self.directory, kind, gen)
 
-    def _close_journal(self) -> None:
-        if self._journal_fd is not None:
-            try:
-                self.ops.close(self._journal_fd)
-            except OSError:
-                pass
-            self._journal_fd = None
-
     def _journal(self) -> int:
-        if self._journal_fd is None:
-            self.ops.makedirs_durable(self.directory)
-            path = self._path("journal", self._gen)
-            self._journal_fd = self.ops.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-            # Always, once per journal per process: the creator may have died before its directory fsync,
-            # and creation records synced into an entry that is not durable would vanish with it.
-            self.ops.fsync_dir(self.directory)
-        return self._journal_fd
+        active = self._active
+        if active.fd is not None:
+            if active.holds() or self.ops.exists(self._path("journal", self._gen + 1)):
+                return active.fd  # (a compaction's successor: ``_append_bytes`` follows it)
+            self._replaced()
+        self.ops.makedirs_durable(self.directory)
+        while (fd := active.open(self._path("journal", self._gen))) is None:  # None: not what we read
+            self._replaced()
+        # Always, once per journal per process: the creator may have died before its directory fsync,
+        # and creation records synced into an entry that is not durable would vanish with it.
+        self.ops.fsync_dir(self.directory)
+        if self._remark and self._session is not None:
+            self.ops.append(fd, encode_mark(MARK_OPEN, self._session))
+            self.ops.fdatasync(fd)
+        self._remark = False
+        return fd
+
+    def _replaced(self) -> None:
+        """journal.<gen> is not the file we read or appended to, and no compaction explains it (journal.py):
+        load what is on disk now; our session's open mark goes to the new journal before our next record.
+        Records whose journal write failed were the old files' (no close mark: the next load reconciles)."""
+        log.warning("manifest of site %s was replaced on disk (a purge?): loading it again", self.site)
+        self._load()
+        self._successor, self._remark = (-1, ""), self._session is not None
 
     def _append_bytes(self, data: bytes, *, sync: bool = False) -> None:
         """Append to the newest journal; if a compactor started a newer one meanwhile, append there too."""
@@ -231,7 +241,7 @@ class SiteManifest:
             self._unchecked = (self._unchecked + 1) % 32  # the size only decides when to compact:
             size = self.ops.size(fd) if not self._unchecked else 0  # an fstat every 32 records
         except OSError as exc:
-            self._close_journal()
+            self._active.close()
             raise self._io_error("write", exc) from exc
         if size > COMPACT_THRESHOLD:
             self._schedule_compaction()
@@ -250,7 +260,7 @@ class SiteManifest:
 
     def _seek_newest(self) -> None:
         """Position on the newest journal without loading (the erasure tool's never-loaded manifest)."""
-        if not self._loaded and self._journal_fd is None:
+        if not self._loaded and self._active.fd is None:
             self._gen = self._generations().newest
             self._read_pos = self.ops.stat_size(self._path("journal", self._gen)) or 0
 
@@ -303,7 +313,8 @@ class SiteManifest:
         """Apply records other processes appended; follow compactions to newer journals (re-basing on
         the new snapshot once it is there)."""
         while True:
-            data = self._read_tail(self._path("journal", self._gen), self._read_pos)
+            self._active.track(self._path("journal", self._gen))  # which file we read (journal.py)
+            data = read_tail(self.ops, self._path("journal", self._gen), self._read_pos)
             if data:
                 decoded = decode_journal(data)
                 for cid, entry in decoded.records:
@@ -311,7 +322,7 @@ class SiteManifest:
                 self._read_pos += decoded.pos
             if not self.ops.exists(self._path("journal", self._gen + 1)):
                 break
-            self._close_journal()
+            self._active.close()
             self._gen += 1
             self._read_pos = 0
         if self._base_gen < self._gen and self.ops.exists(self._path("snapshot", self._gen)):
@@ -324,18 +335,6 @@ class SiteManifest:
         for cid, entry in self._unwritten.items():
             state.table.apply(cid, entry)
         self._table, self._base_gen, self._read_pos = state.table, self._gen, state.pos
-
-    def _read_tail(self, path: str, pos: int) -> bytes:
-        """Bytes of ``path`` from ``pos`` to its end (empty if it does not exist)."""
-        try:
-            fd = self.ops.open(path, os.O_RDONLY)
-        except FileNotFoundError:
-            return b""
-        try:
-            size = self.ops.size(fd)
-            return self.ops.pread(fd, size - pos, pos) if size > pos else b""
-        finally:
-            self.ops.close(fd)
 
     # ------------------------------------------------------------------ listing
     def list_page(self, cursor: str | None, limit: int) -> ConversationListing:
@@ -360,8 +359,11 @@ class SiteManifest:
         return ConversationListing(summaries, self._cursors.next_cursor(cursor, end, has_more=has_more))
 
     def _refresh(self) -> None:
-        """Cheap check for other processes' records: one stat of the active journal."""
-        size = self.ops.stat_size(self._path("journal", self._gen))
+        """Cheap check for other processes' records: one stat of the active journal (still ours?)."""
+        ours, size = self._active.check()
+        if not ours and not self.ops.exists(self._path("journal", self._gen + 1)):
+            self._replaced()
+            return
         if (
             (size is not None and size > self._read_pos)
             or self.ops.exists(self._path("journal", self._gen + 1))
@@ -444,4 +446,4 @@ class SiteManifest:
                     self._append_bytes(encode_mark(MARK_CLOSE, session), sync=True)
                 except Io as exc:  # the next load reconciles: the only cost of a missing close mark
                     log.warning("%s", exc)
-            self._close_journal()
+            self._active.close()
