@@ -65,6 +65,7 @@ from .writer import CommitInfo, encode_group
 __all__ = ["ConversationLog", "AppendRequest", "CommitInfo"]
 
 log = logging.getLogger("logstore")
+_DIRECTORY_TRIES = 8  # creating the directory and locking in it, while a purge may remove it
 _SAME, _SETTLE = Record.SAME, Action.SETTLE  # globals: an Enum member off its class costs more (freshness)
 
 
@@ -261,21 +262,25 @@ class ConversationLog:
             if self._closed:  # before the lock fd could be reopened after close() closed it
                 raise Unavailable("store is closed")
             try:
-                for attempt in (1, 2):
+                # The directory, or a parent of it, may go while we create it or lock in it (a purge
+                # removing the site's tree, from the bottom up): a new conversation starts there, as in a
+                # directory never created. Bounded: a purge removes each directory once.
+                for attempt in range(1, _DIRECTORY_TRIES + 1):
+                    last = attempt == _DIRECTORY_TRIES
                     if not self._directory_ready:  # the file lock lives there
                         try:
                             self._files.ops.makedirs_durable(self.paths.directory)
                         except OSError as exc:
+                            if exc.errno == errno.ENOENT and not last:
+                                continue
                             raise self._files.io_error("mkdir", exc) from exc
                         self._directory_ready = True
                     try:
                         self._lock_file(self.lock_timeout)
                         break
                     except Io as exc:
-                        if exc.errno != errno.ENOENT or attempt == 2:
+                        if exc.errno != errno.ENOENT or last:
                             raise
-                        # The directory went (a purge removed the site's tree): a new conversation
-                        # starts there, as in a directory never created.
                         self._directory_ready = False
                 with self._io_lock:
                     self._commit_group(group)
