@@ -30,6 +30,7 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
+from starlette.types import ASGIApp
 
 from logstore.core import observe
 from logstore.core.registry import SiteRegistry
@@ -37,13 +38,14 @@ from logstore.core.registry import SiteRegistry
 from .auth.basic import Authenticator, BasicAuthMiddleware, site_of_scope
 from .auth.sessions import SitedSessionManager
 from .mcp.app import ToolBinding, build_mcp_server, server_version, spec_bindings
+from .mcp.fast_lane import FastLane, HostRule
 from .mcp.handlers import StoreLike
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import ServerMetrics, scrape, token_ok
 from .transport.access_log import ToolCall, log_call
 from .transport.http_limits import MAX_REQUEST_BODY, HttpLimits
 from .transport.log_guard import install_log_guard
-from .transport.request_guard import BodyGuard, HeaderGuard
+from .transport.request_guard import BodyGuard, HeaderGuard, replay
 from .ui.app import build_ui_app
 
 __all__ = ["MAX_REQUEST_BODY", "build_http_app", "site_of_request"]
@@ -89,6 +91,7 @@ def build_http_app(
     metrics_token: str | None = None,
     ui: bool = True,
     backend_kind: str = "file",
+    fast_lane: bool = True,
 ) -> Starlette:
     """The whole server as one ASGI app; clients authenticate against ``registry``. ``store`` is closed
     when the app shuts down (if ``close_store``).
@@ -100,7 +103,10 @@ def build_http_app(
 
     ``ui``: serve the read-only browser at ``/ui/`` (``server.ui``, ``--no-ui`` turns it off) over the
     same store, authenticator, throttles and worker threads as ``/mcp``; ``backend_kind`` is what its
-    status page names."""
+    status page names.
+
+    ``fast_lane``: serve the dominant request (a 2026-07-28 ``tools/call`` answered as JSON) without the
+    SDK (``server.mcp.fast_lane``); off, every request takes the SDK path (the bench's A/B switch)."""
     limits = (limits if limits is not None else HttpLimits()).validate()
     limiter = anyio.CapacityLimiter(threads)
     if collect_metrics:
@@ -113,9 +119,8 @@ def build_http_app(
 
     else:
         metrics, on_call = None, log_call
-    mcp_server = build_mcp_server(
-        bindings_factory(store), site_of=site_of_request, limiter=limiter, on_call=on_call
-    )
+    bindings = bindings_factory(store)
+    mcp_server = build_mcp_server(bindings, site_of=site_of_request, limiter=limiter, on_call=on_call)
     manager = SitedSessionManager(
         app=mcp_server,
         json_response=True,  # one JSON body per call: no server-to-client requests are ever needed
@@ -125,13 +130,25 @@ def build_http_app(
         limits=limits,
     )
     authenticator = Authenticator(registry, limits=limits)
+    security = _transport_security(host)
+    sdk_app: ASGIApp = StreamableHTTPASGIApp(manager)
+    if fast_lane:
+        sdk_app = FastLane(
+            sdk_app,
+            bindings,
+            limiter=limiter,
+            on_call=on_call,
+            server_info=mcp_server.server_info_stamp,
+            hosts=HostRule(security.allowed_hosts, security.allowed_origins) if security else None,
+            site_of=site_of_scope,
+            replay=replay,
+        )
     mcp_endpoint = BasicAuthMiddleware(
-        BodyGuard(StreamableHTTPASGIApp(manager), limits),
+        BodyGuard(sdk_app, limits),
         authenticator,
         on_failure=metrics.auth_failure if metrics is not None else None,
     )
 
-    security = _transport_security(host)
     ui_routes = (
         [
             Mount(

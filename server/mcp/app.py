@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from importlib import metadata
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -29,9 +29,17 @@ from .spec_tools import ToolDef, load_tools
 from .tool_errors import UnknownTool, body_result, error_body
 from .validation import ArgumentValidator
 
-__all__ = ["ToolBinding", "SiteResolver", "spec_bindings", "build_mcp_server", "server_version"]
+__all__ = [
+    "ToolBinding",
+    "ToolRunner",
+    "SiteResolver",
+    "spec_bindings",
+    "build_mcp_server",
+    "server_version",
+]
 
 _encode_json = msgspec.json.Encoder().encode
+R = TypeVar("R")
 
 SiteResolver = Callable[[ServerRequestContext[Any, Any]], str]
 """Returns the authenticated site of the request a tool call arrived on."""
@@ -71,9 +79,12 @@ def _success(result: dict[str, Any]) -> types.CallToolResult:
     )
 
 
-def _run(binding: ToolBinding, site: str, args: dict[str, Any]) -> types.CallToolResult:
-    # Encoding happens here too, so a large recall is serialised off the event loop.
-    return _success(binding.run(site, args))
+def _run(
+    binding: ToolBinding, site: str, args: dict[str, Any], render: Callable[[dict[str, Any]], R]
+) -> tuple[dict[str, Any], R]:
+    # Rendering (encoding) happens here too, so a large recall is serialised off the event loop.
+    output = binding.run(site, args)
+    return output, render(output)
 
 
 def _item_count(arguments: Any, output: dict[str, Any] | None) -> int:
@@ -86,6 +97,66 @@ def _item_count(arguments: Any, output: dict[str, Any] | None) -> int:
             return int(output["last_seq"]) - int(output["first_seq"]) + 1
     items = arguments.get("items") if isinstance(arguments, dict) else None
     return len(items) if isinstance(items, list) else 0
+
+
+class ToolRunner(Generic[R]):
+    """The one funnel every tool call goes through, on the SDK path and the fast lane alike: unknown
+    tool, site, argument validation (unless the caller validated with the same rules:
+    ``server.mcp.fast_lane``), the engine call in a worker thread behind ``limiter``, the error mapping
+    (``tool_errors``) and ``on_call``. ``render`` turns an output into the caller's result (in the worker
+    thread), ``render_error`` an error body."""
+
+    def __init__(
+        self,
+        bindings: Mapping[str, ToolBinding],
+        *,
+        limiter: anyio.CapacityLimiter,
+        on_call: Callable[[ToolCall], None] | None,
+        render: Callable[[dict[str, Any]], R],
+        render_error: Callable[[dict[str, Any]], R],
+    ) -> None:
+        self.bindings, self.limiter, self.on_call = bindings, limiter, on_call
+        self.render, self.render_error = render, render_error
+
+    async def __call__(
+        self,
+        name: str,
+        arguments: Any,
+        site_of: Callable[[], str],
+        *,
+        validated: dict[str, Any] | None = None,
+    ) -> R:
+        started = time.perf_counter()
+        binding = self.bindings.get(name)
+        site: str | None = None
+        output: dict[str, Any] | None = None
+        try:
+            if binding is None:
+                raise UnknownTool(f"unknown tool; this server serves: {', '.join(self.bindings)}")
+            site = site_of()
+            args = validated if validated is not None else binding.validate(arguments)
+            if binding.blocking:
+                output, result = await anyio.to_thread.run_sync(
+                    _run, binding, site, args, self.render, limiter=self.limiter
+                )
+            else:
+                output, result = _run(binding, site, args, self.render)
+            code = "ok"
+        except Exception as exc:  # the one funnel: every failure becomes a structured tool error
+            body = error_body(exc, tool=name if binding is not None else None)
+            code = body["error"]["code"]
+            result = self.render_error(body)
+        if self.on_call is not None:
+            self.on_call(
+                ToolCall(
+                    site=site,
+                    tool=binding.tool.name if binding is not None else UNKNOWN_TOOL,
+                    code=code,
+                    items=_item_count(arguments, output if code == "ok" else None),
+                    seconds=time.perf_counter() - started,
+                )
+            )
+        return result
 
 
 def build_mcp_server(
@@ -109,37 +180,12 @@ def build_mcp_server(
     ) -> types.ListToolsResult:
         return listing
 
+    runner = ToolRunner(bindings, limiter=limiter, on_call=on_call, render=_success, render_error=body_result)
+
     async def call_tool(
         ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
-        started = time.perf_counter()
-        binding = bindings.get(params.name)
-        site: str | None = None
-        try:
-            if binding is None:
-                raise UnknownTool(f"unknown tool; this server serves: {', '.join(bindings)}")
-            site = site_of(ctx)
-            args = binding.validate(params.arguments)
-            if binding.blocking:
-                result = await anyio.to_thread.run_sync(_run, binding, site, args, limiter=limiter)
-            else:
-                result = _run(binding, site, args)
-            code = "ok"
-        except Exception as exc:  # the one funnel: every failure becomes a structured tool error
-            body = error_body(exc, tool=params.name if binding is not None else None)
-            code = body["error"]["code"]
-            result = body_result(body)
-        if on_call is not None:
-            on_call(
-                ToolCall(
-                    site=site,
-                    tool=binding.tool.name if binding is not None else UNKNOWN_TOOL,
-                    code=code,
-                    items=_item_count(params.arguments, result.structured_content if code == "ok" else None),
-                    seconds=time.perf_counter() - started,
-                )
-            )
-        return result
+        return await runner(params.name, params.arguments, lambda: site_of(ctx))
 
     def input_schema(tool_name: str) -> Mapping[str, Any] | None:
         binding = bindings.get(tool_name)
