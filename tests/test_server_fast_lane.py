@@ -26,6 +26,7 @@ from logstore.file.credentials import CredentialsFile
 from server.http_app import build_http_app
 from server.mcp.fast_lane import FastLane
 from server.transport.access_log import ACCESS_LOGGER
+from server.transport.log_guard import RateLimitFilter
 from tests.helpers import initialize_body
 
 SITE, PASSWORD = "alpha", "alpha-password"
@@ -98,8 +99,32 @@ def pair() -> Iterator[Pair]:
                 build_http_app(open_store(file_url(d)), open_registry(file_url(d)), fast_lane=lane, ui=False)
             )
         base = "http://127.0.0.1:8000"
-        with TestClient(apps[0], base_url=base) as lane, TestClient(apps[1], base_url=base) as sdk:
-            yield Pair(lane, sdk, _lane_of(apps[0]))
+        before = _log_filters()
+        try:
+            with TestClient(apps[0], base_url=base) as lane, TestClient(apps[1], base_url=base) as sdk:
+                yield Pair(lane, sdk, _lane_of(apps[0]))
+        finally:
+            _drop_log_filters_since(before)
+
+
+_GUARDED = ("", "uvicorn", "uvicorn.error", "asyncio")
+
+
+def _filterers() -> list[logging.Filterer]:
+    loggers = [logging.getLogger(name) for name in _GUARDED]
+    return [*loggers, *(h for lg in loggers for h in lg.handlers)]
+
+
+def _log_filters() -> set[int]:
+    return {id(f) for node in _filterers() for f in node.filters}
+
+
+def _drop_log_filters_since(before: set[int]) -> None:
+    """The app's lifespan installs the server's log guard on this process's handlers (as uvicorn's process
+    would); in a test process it would outlive the fixture and drop later tests' tracebacks."""
+    for node in _filterers():
+        for f in [f for f in node.filters if isinstance(f, RateLimitFilter) and id(f) not in before]:
+            node.removeFilter(f)
 
 
 def headers(tool: str = "append_memory", **extra: str) -> dict[str, str]:

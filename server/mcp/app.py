@@ -26,6 +26,7 @@ from mcp.server.context import ServerRequestContext
 from ..transport.access_log import UNKNOWN_TOOL, ToolCall
 from .handlers import SPEC_HANDLERS, Handler, StoreLike
 from .spec_tools import ToolDef, load_tools
+from .threads import ToolThreads
 from .tool_errors import UnknownTool, body_result, error_body
 from .validation import ArgumentValidator
 
@@ -114,8 +115,9 @@ class ToolRunner(Generic[R]):
         on_call: Callable[[ToolCall], None] | None,
         render: Callable[[dict[str, Any]], R],
         render_error: Callable[[dict[str, Any]], R],
+        threads: ToolThreads | None = None,
     ) -> None:
-        self.bindings, self.limiter, self.on_call = bindings, limiter, on_call
+        self.bindings, self.limiter, self.on_call, self.threads = bindings, limiter, on_call, threads
         self.render, self.render_error = render, render_error
 
     async def __call__(
@@ -130,12 +132,15 @@ class ToolRunner(Generic[R]):
         binding = self.bindings.get(name)
         site: str | None = None
         output: dict[str, Any] | None = None
+        result: R
         try:
             if binding is None:
                 raise UnknownTool(f"unknown tool; this server serves: {', '.join(self.bindings)}")
             site = site_of()
             args = validated if validated is not None else binding.validate(arguments)
-            if binding.blocking:
+            if binding.blocking and self.threads is not None:
+                output, result = await self.threads.run(_run, binding, site, args, self.render)
+            elif binding.blocking:
                 output, result = await anyio.to_thread.run_sync(
                     _run, binding, site, args, self.render, limiter=self.limiter
                 )
@@ -167,9 +172,11 @@ def build_mcp_server(
     name: str = "logstore",
     instructions: str | None = None,
     on_call: Callable[[ToolCall], None] | None = None,
+    threads: ToolThreads | None = None,
 ) -> Server[Any]:
     """A low-level MCP server whose tools are exactly ``bindings`` (in their order); ``on_call`` hears
-    about every finished call (metrics, access log: ``server.transport.access_log``)."""
+    about every finished call (metrics, access log: ``server.transport.access_log``). Blocking calls run
+    on ``threads`` if given (``server.mcp.threads``), else through anyio's worker threads."""
     bindings = dict(bindings)
     listing = types.ListToolsResult(
         tools=[types.Tool.model_validate(b.tool.as_json()) for b in bindings.values()]
@@ -180,7 +187,9 @@ def build_mcp_server(
     ) -> types.ListToolsResult:
         return listing
 
-    runner = ToolRunner(bindings, limiter=limiter, on_call=on_call, render=_success, render_error=body_result)
+    runner = ToolRunner(
+        bindings, limiter=limiter, on_call=on_call, render=_success, render_error=body_result, threads=threads
+    )
 
     async def call_tool(
         ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams

@@ -46,6 +46,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..transport.access_log import ToolCall
 from .app import ToolBinding, ToolRunner
+from .threads import ToolThreads
 from .tool_errors import body_text
 
 __all__ = ["FastLane", "compile_arguments", "HostRule"]
@@ -244,6 +245,7 @@ class FastLane:
         bindings: Mapping[str, ToolBinding],
         *,
         limiter: anyio.CapacityLimiter,
+        threads: ToolThreads | None,
         on_call: Callable[[ToolCall], None] | None,
         server_info: Mapping[str, Any],
         hosts: HostRule | None,
