@@ -21,10 +21,10 @@ its body replayed, and gets exactly the answer it gets without the lane.
 Arguments are decoded once into a struct compiled from the tool's input schema (``compile_arguments``).
 A struct that does not take them is not an answer: the arguments are then decoded as plain JSON (or, when
 only an array's length bound is broken, taken as decoded: ``Unsure``) and the call goes through the
-jsonschema validator like on the SDK path, so every refusal has the same error name and message (``tests/test_server_fast_lane.py`` holds the two paths to that). The call itself, the
-error mapping, metrics and access log are ``ToolRunner``'s, shared with the SDK path; the result is
-encoded once, in the worker thread, in the shape the SDK writes (``resultType``, the ``serverInfo``
-stamp).
+jsonschema validator like on the SDK path, so every refusal has the same error name and message
+(``tests/test_server_fast_lane.py`` holds the two paths to that). The call itself, the error mapping,
+metrics and access log are ``ToolRunner``'s, shared with the SDK path; the result is encoded once, in the
+worker thread, in the shape the SDK writes (``resultType``, the ``serverInfo`` stamp).
 """
 
 from __future__ import annotations
