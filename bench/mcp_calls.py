@@ -54,12 +54,16 @@ def _wait_healthy(base: str, proc: subprocess.Popen[str], timeout: float = 30.0)
 
 
 @contextlib.contextmanager
-def running_server(args: list[str]) -> Iterator[tuple[str, int]]:
-    """Start ``python -m <args> --port P`` on a free port; yield (MCP URL, pid); SIGTERM it afterwards."""
+def running_server(
+    args: list[str], *, env: dict[str, str] | None = None, cwd: str | None = None
+) -> Iterator[tuple[str, int]]:
+    """Start ``python -m <args> --port P`` on a free port (in ``cwd``, this tree by default, with ``env``
+    over this environment); yield (MCP URL, pid); SIGTERM it afterwards."""
     port = _free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", *args, "--port", str(port)],
-        cwd=_ROOT,
+        cwd=cwd or _ROOT,
+        env={**os.environ, **env} if env else None,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from importlib import metadata
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -26,12 +26,21 @@ from mcp.server.context import ServerRequestContext
 from ..transport.access_log import UNKNOWN_TOOL, ToolCall
 from .handlers import SPEC_HANDLERS, Handler, StoreLike
 from .spec_tools import ToolDef, load_tools
+from .threads import ToolThreads
 from .tool_errors import UnknownTool, body_result, error_body
 from .validation import ArgumentValidator
 
-__all__ = ["ToolBinding", "SiteResolver", "spec_bindings", "build_mcp_server", "server_version"]
+__all__ = [
+    "ToolBinding",
+    "ToolRunner",
+    "SiteResolver",
+    "spec_bindings",
+    "build_mcp_server",
+    "server_version",
+]
 
 _encode_json = msgspec.json.Encoder().encode
+R = TypeVar("R")
 
 SiteResolver = Callable[[ServerRequestContext[Any, Any]], str]
 """Returns the authenticated site of the request a tool call arrived on."""
@@ -71,9 +80,12 @@ def _success(result: dict[str, Any]) -> types.CallToolResult:
     )
 
 
-def _run(binding: ToolBinding, site: str, args: dict[str, Any]) -> types.CallToolResult:
-    # Encoding happens here too, so a large recall is serialised off the event loop.
-    return _success(binding.run(site, args))
+def _run(
+    binding: ToolBinding, site: str, args: dict[str, Any], render: Callable[[dict[str, Any]], R]
+) -> tuple[dict[str, Any], R]:
+    # Rendering (encoding) happens here too, so a large recall is serialised off the event loop.
+    output = binding.run(site, args)
+    return output, render(output)
 
 
 def _item_count(arguments: Any, output: dict[str, Any] | None) -> int:
@@ -88,6 +100,70 @@ def _item_count(arguments: Any, output: dict[str, Any] | None) -> int:
     return len(items) if isinstance(items, list) else 0
 
 
+class ToolRunner(Generic[R]):
+    """The one funnel every tool call goes through, on the SDK path and the fast lane alike: unknown
+    tool, site, argument validation (unless the caller validated with the same rules:
+    ``server.mcp.fast_lane``), the engine call in a worker thread behind ``limiter``, the error mapping
+    (``tool_errors``) and ``on_call``. ``render`` turns an output into the caller's result (in the worker
+    thread), ``render_error`` an error body."""
+
+    def __init__(
+        self,
+        bindings: Mapping[str, ToolBinding],
+        *,
+        limiter: anyio.CapacityLimiter,
+        on_call: Callable[[ToolCall], None] | None,
+        render: Callable[[dict[str, Any]], R],
+        render_error: Callable[[dict[str, Any]], R],
+        threads: ToolThreads | None = None,
+    ) -> None:
+        self.bindings, self.limiter, self.on_call, self.threads = bindings, limiter, on_call, threads
+        self.render, self.render_error = render, render_error
+
+    async def __call__(
+        self,
+        name: str,
+        arguments: Any,
+        site_of: Callable[[], str],
+        *,
+        validated: dict[str, Any] | None = None,
+    ) -> R:
+        started = time.perf_counter()
+        binding = self.bindings.get(name)
+        site: str | None = None
+        output: dict[str, Any] | None = None
+        result: R
+        try:
+            if binding is None:
+                raise UnknownTool(f"unknown tool; this server serves: {', '.join(self.bindings)}")
+            site = site_of()
+            args = validated if validated is not None else binding.validate(arguments)
+            if binding.blocking and self.threads is not None:
+                output, result = await self.threads.run(_run, binding, site, args, self.render)
+            elif binding.blocking:
+                output, result = await anyio.to_thread.run_sync(
+                    _run, binding, site, args, self.render, limiter=self.limiter
+                )
+            else:
+                output, result = _run(binding, site, args, self.render)
+            code = "ok"
+        except Exception as exc:  # the one funnel: every failure becomes a structured tool error
+            body = error_body(exc, tool=name if binding is not None else None)
+            code = body["error"]["code"]
+            result = self.render_error(body)
+        if self.on_call is not None:
+            self.on_call(
+                ToolCall(
+                    site=site,
+                    tool=binding.tool.name if binding is not None else UNKNOWN_TOOL,
+                    code=code,
+                    items=_item_count(arguments, output if code == "ok" else None),
+                    seconds=time.perf_counter() - started,
+                )
+            )
+        return result
+
+
 def build_mcp_server(
     bindings: Mapping[str, ToolBinding],
     *,
@@ -96,9 +172,11 @@ def build_mcp_server(
     name: str = "logstore",
     instructions: str | None = None,
     on_call: Callable[[ToolCall], None] | None = None,
+    threads: ToolThreads | None = None,
 ) -> Server[Any]:
     """A low-level MCP server whose tools are exactly ``bindings`` (in their order); ``on_call`` hears
-    about every finished call (metrics, access log: ``server.transport.access_log``)."""
+    about every finished call (metrics, access log: ``server.transport.access_log``). Blocking calls run
+    on ``threads`` if given (``server.mcp.threads``), else through anyio's worker threads."""
     bindings = dict(bindings)
     listing = types.ListToolsResult(
         tools=[types.Tool.model_validate(b.tool.as_json()) for b in bindings.values()]
@@ -109,37 +187,14 @@ def build_mcp_server(
     ) -> types.ListToolsResult:
         return listing
 
+    runner = ToolRunner(
+        bindings, limiter=limiter, on_call=on_call, render=_success, render_error=body_result, threads=threads
+    )
+
     async def call_tool(
         ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
-        started = time.perf_counter()
-        binding = bindings.get(params.name)
-        site: str | None = None
-        try:
-            if binding is None:
-                raise UnknownTool(f"unknown tool; this server serves: {', '.join(bindings)}")
-            site = site_of(ctx)
-            args = binding.validate(params.arguments)
-            if binding.blocking:
-                result = await anyio.to_thread.run_sync(_run, binding, site, args, limiter=limiter)
-            else:
-                result = _run(binding, site, args)
-            code = "ok"
-        except Exception as exc:  # the one funnel: every failure becomes a structured tool error
-            body = error_body(exc, tool=params.name if binding is not None else None)
-            code = body["error"]["code"]
-            result = body_result(body)
-        if on_call is not None:
-            on_call(
-                ToolCall(
-                    site=site,
-                    tool=binding.tool.name if binding is not None else UNKNOWN_TOOL,
-                    code=code,
-                    items=_item_count(params.arguments, result.structured_content if code == "ok" else None),
-                    seconds=time.perf_counter() - started,
-                )
-            )
-        return result
+        return await runner(params.name, params.arguments, lambda: site_of(ctx))
 
     def input_schema(tool_name: str) -> Mapping[str, Any] | None:
         binding = bindings.get(tool_name)

@@ -34,7 +34,7 @@ import mcp_types as types
 
 from logstore.core import errors
 
-__all__ = ["UnknownTool", "body_result", "error_body", "error_result"]
+__all__ = ["UnknownTool", "body_result", "body_text", "error_body", "error_result"]
 
 log = logging.getLogger("logstore.server")
 
@@ -91,9 +91,9 @@ def error_result(exc: BaseException, *, tool: str | None = None) -> types.CallTo
 
 def body_result(body: dict[str, Any]) -> types.CallToolResult:
     """The ``CallToolResult`` carrying an ``error_body`` (callers that also need its code map once)."""
-    return types.CallToolResult(
-        content=[
-            types.TextContent(type="text", text=json.dumps(body, ensure_ascii=False, separators=(",", ":")))
-        ],
-        is_error=True,
-    )
+    return types.CallToolResult(content=[types.TextContent(type="text", text=body_text(body))], is_error=True)
+
+
+def body_text(body: dict[str, Any]) -> str:
+    """The text content block of an error result (the fast lane writes the same text)."""
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":"))

@@ -23,7 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .http_limits import HttpLimits
 
-__all__ = ["HeaderGuard", "BodyGuard", "json_error", "BODY_BYTES"]
+__all__ = ["HeaderGuard", "BodyGuard", "json_error", "replay", "BODY_BYTES"]
 
 log = logging.getLogger("logstore.server.requests")
 
@@ -105,7 +105,7 @@ class BodyGuard:
         del chunks
         scope = {**scope, BODY_BYTES: size}
         if size <= self.large:
-            await self.app(scope, _replay(body, receive), send)
+            await self.app(scope, replay(_whole(body), receive), send)
             return
         with anyio.move_on_after(LARGE_WAIT) as waited:
             await self._large.acquire()
@@ -119,7 +119,7 @@ class BodyGuard:
             )
             return
         try:
-            await self.app(scope, _replay(body, receive), send)
+            await self.app(scope, replay(_whole(body), receive), send)
         finally:
             self._large.release()
 
@@ -133,9 +133,13 @@ class BodyGuard:
         await json_error(send, 413, "RequestTooLarge", message)
 
 
-def _replay(body: bytes, receive: Receive) -> Receive:
-    """A ``receive`` that yields the buffered body once, then defers to the real one (disconnects)."""
-    pending: list[Message] = [{"type": "http.request", "body": body, "more_body": False}]
+def _whole(body: bytes) -> Message:
+    return {"type": "http.request", "body": body, "more_body": False}
+
+
+def replay(message: Message, receive: Receive) -> Receive:
+    """A ``receive`` that yields ``message`` (already received) once, then defers to the real one."""
+    pending: list[Message] = [message]
 
     async def replayed() -> Message:
         if pending:
