@@ -254,7 +254,7 @@ def _out_refusal(out: str, data_dir: str, paths: ConversationPaths) -> str | Non
         parent = os.path.dirname(parent)
     try:
         st = os.stat(real)
-    except FileNotFoundError:
+    except OSError:  # nothing there (or not reachable): writing it says why (``_OutFile``)
         return None
     if os.path.isfile(real) and st.st_nlink > 1:
         return (
