@@ -18,27 +18,32 @@ Rules:
   reconciles every conversation with its log, and a conversation touched first is reconciled then; the
   sweep closes the crashed sessions when it is done.
 - Records merge by max (``codec.merged``); the erasure record drops a conversation.
-- Compaction (a background thread): create journal.<N+1>, read snapshot.<N> + journal.<N>, write
-  snapshot.<N+1> (temp + fsync + rename + dir fsync), delete the old files. A writer appends to the newest
-  journal, then re-appends to a newer one if it finds one. Every process that reaches generation N+1
-  re-bases on snapshot.<N+1>. In memory: ``ManifestTable`` (the packed snapshot plus an overlay).
+- Compaction (a background thread, ``journal.fold``): create journal.<N+1>, seal journal.<N>, read
+  snapshot.<N> + journal.<N>, write snapshot.<N+1> (temp + fsync + rename + dir fsync), delete the old
+  files. A writer appends to the journal it holds, then one ``statx`` of it says whether it is still the
+  current one (``journal.stale``); if not, it finds the newest journal by listing (any number of
+  generations on), catches up and re-appends there. Every process that reaches a newer snapshot re-bases
+  on it. In memory: ``ManifestTable`` (the packed snapshot plus an overlay).
+- A failed journal write or sync may leave torn bytes: the journal is dropped and, before the next
+  record, rolled (``journal.roll``): records never land after torn bytes, and the next compaction folds
+  them away. So is a torn tail found on load.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
-import os
 import threading
 from collections.abc import Callable, Iterator
-
-import filelock
+from typing import TypeVar
 
 from ...core.cursor import CursorCodec, CursorKey
 from ...core.errors import Io
 from ...core.models import ConversationListing, ConversationSummary, micros_to_datetime
 from .. import layout
-from ..fileio import FILE_MODE, FileOps
+from ..fileio import FileOps
 from ..log.conversation import CommitInfo
+from ..statx import Ident
 from .codec import (
     MARK_CLOSE,
     MARK_OPEN,
@@ -51,15 +56,18 @@ from .codec import (
     erased_entry,
     generations,
 )
+from .compaction import Compactor, compact_locked
+from .journal import open_current, roll, stale
 from .reconcile import Reconciliation, end_session, new_session
-from .snapshot import encode_snapshot
-from .state import DiskState, read_state
+from .state import DiskState, read_state, read_tail
 from .table import ManifestTable
 
 __all__ = ["SiteManifest", "COMPACT_THRESHOLD"]
 
 log = logging.getLogger("logstore")
 COMPACT_THRESHOLD = 4 * 1024 * 1024  # journal bytes before a compaction is scheduled
+_T = TypeVar("_T")
+_RETRIES = 8  # listings before giving up on a manifest that changes under every read (a compaction each)
 
 
 class SiteManifest:
@@ -86,15 +94,16 @@ class SiteManifest:
         self._marked = self._no_manifest = False
         self._session: Session | None = None  # ours, once its open mark is durable
         self._unwritten: dict[str, Entry] = {}  # applied, but their journal write failed
-        self._gen, self._successor, self._unchecked = 0, (-1, ""), 0  # the last two: see _append_bytes
+        self._faulted = False  # a journal write or sync failed: no clean close mark (the next load sweeps)
+        self._torn: int | None = None  # a journal that may end in torn bytes: roll before appending to it
+        self._gen = 0  # the generation of the journal read (and appended to)
         self._base_gen = -1  # generation of the snapshot the table is based on
         self._journal_fd: int | None = None
         self._read_pos = 0  # bytes of the active journal already applied
         self._loaded = False
         self._damaged = False
         self._reconciliation: Reconciliation | None = None
-        self._compactor: threading.Thread | None = None
-        self._compact_wanted = threading.Event()
+        self._compactor = Compactor(f"logstore-compact-{site}", self.compact)
         self._closed = False
 
     # ------------------------------------------------------------------ loading
@@ -125,12 +134,26 @@ class SiteManifest:
     def _load(self) -> None:
         """Memory from the newest snapshot and every journal at or after its generation."""
         self._close_journal()
-        found = self._generations()
+        found, state = self._listed(lambda found: (found, self._read_state(found.base, found.live_journals)))
         self._gen = found.newest
-        state = self._read_state(found.base, found.live_journals)
         self._table, self._sessions, self._read_pos = state.table, state.sessions, state.pos
         self._damaged, self._marked, self._base_gen = state.damaged, state.marked, found.base
         self._no_manifest = not found.base and not found.live_journals
+        if state.torn:  # a crash's torn tail (or a record in flight): no record goes after it
+            self._torn = found.newest
+        if len(found.live_journals) > 1:  # a roll (or a compaction) not folded yet
+            self._schedule_compaction()
+
+    def _listed(self, read: Callable[[Generations], _T]) -> _T:
+        """``read(listing)``; listed and read again if a compaction folded a listed file in between (a
+        vanished file is never taken for an empty or a damaged one)."""
+        for _ in range(_RETRIES):
+            found = self._generations()
+            try:
+                return read(found)
+            except FileNotFoundError:
+                continue
+        raise OSError(errno.ESTALE, f"manifest of site {self.site} changed under {_RETRIES} reads")
 
     def _read_state(self, base: int, journals: list[int]) -> DiskState:
         def discover() -> list[str]:  # a damaged snapshot's last resort: the logs themselves
@@ -186,11 +209,14 @@ class SiteManifest:
             if self._closed:
                 return
             self.begin_writes()  # evidence for the next load, even if nothing needed a record
-            self.ops.fdatasync(self._journal())
+            self._append_bytes(b"", sync=True)
             marks = b"".join(encode_mark(MARK_CLOSE, s) for s in dead)
             if marks:
                 self._append_bytes(marks, sync=True)
             self._sessions -= dead
+            if self._damaged:  # reported at load, reconciled from the logs: now fold the damage away
+                self._damaged = False
+                self._schedule_compaction()
         log.info("manifest for site %s reconciled with its logs", self.site)
 
     # ------------------------------------------------------------------ journal
@@ -206,35 +232,64 @@ class SiteManifest:
             self._journal_fd = None
 
     def _journal(self) -> int:
-        if self._journal_fd is None:
-            self.ops.makedirs_durable(self.directory)
-            path = self._path("journal", self._gen)
-            self._journal_fd = self.ops.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-            # Always, once per journal per process: the creator may have died before its directory fsync,
-            # and creation records synced into an entry that is not durable would vanish with it.
-            self.ops.fsync_dir(self.directory)
-        return self._journal_fd
+        """The descriptor records go to: the newest journal, found by listing and confirmed by listing
+        again once open (opened as a compaction started the next one, it would be stale at once). A
+        journal that may end in torn bytes is rolled first."""
+        if self._journal_fd is not None:
+            return self._journal_fd
+        self.ops.makedirs_durable(self.directory)
+        for _ in range(_RETRIES):
+            self._catch_up()
+            if self._torn is not None and self._torn == self._gen:
+                roll(self.ops, self.directory, self._gen)
+                self._torn = None
+                self._schedule_compaction()  # folds the torn journal away
+                continue
+            fd = open_current(self.ops, self.directory, self._gen)
+            if fd is not None:
+                self._journal_fd = fd
+                return fd
+        raise OSError(errno.ESTALE, f"no current manifest journal for site {self.site} in {_RETRIES} tries")
 
     def _append_bytes(self, data: bytes, *, sync: bool = False) -> None:
-        """Append to the newest journal; if a compactor started a newer one meanwhile, append there too."""
+        """Append to the current journal, never to one nobody reads any more: after each write one
+        ``statx`` of the descriptor says whether it is still current (``journal.stale``); if not, catch up
+        to the newest journal by listing and append there too (a duplicate merges away). A failed write
+        or sync drops the descriptor and marks the journal torn: the next append rolls to a new one."""
         try:
-            while True:
+            for _ in range(_RETRIES):
                 fd = self._journal()
-                self.ops.append(fd, data)
-                if sync:
-                    self.ops.fdatasync(fd)
-                if self._successor[0] != self._gen:  # a compactor's next journal: one path per generation
-                    self._successor = (self._gen, self._path("journal", self._gen + 1))
-                if not self.ops.exists(self._successor[1]):
-                    break
-                self._catch_up()  # moves self._gen forward (and re-reads what others wrote)
-            self._unchecked = (self._unchecked + 1) % 32  # the size only decides when to compact:
-            size = self.ops.size(fd) if not self._unchecked else 0  # an fstat every 32 records
+                try:
+                    self.ops.append(fd, data)
+                    held = self.ops.ident(fd)
+                    if stale(held) and self._moved(held):
+                        continue
+                    if sync:
+                        self.ops.fdatasync(fd)
+                except OSError:
+                    self._faulted, self._torn = True, self._gen
+                    raise
+                break
+            else:
+                raise OSError(errno.ESTALE, f"manifest journal of site {self.site} moved {_RETRIES} times")
         except OSError as exc:
             self._close_journal()
             raise self._io_error("write", exc) from exc
-        if size > COMPACT_THRESHOLD:
+        if held.size > COMPACT_THRESHOLD:
             self._schedule_compaction()
+
+    def _moved(self, held: Ident) -> bool:
+        """After a write to a journal whose link count is not 1: catch up; True if the record must be
+        appended again (a newer journal, or this one deleted), False if it is current after all (a link
+        that is no seal: a hard-linked copy of the data dir)."""
+        gen = self._gen
+        self._catch_up()
+        if self._gen != gen:
+            return True
+        if held.nlink == 0:  # deleted with nothing newer: a new journal of this generation
+            self._close_journal()
+            return True
+        return False
 
     def _append_record(self, cid: str, entry: Entry, *, sync: bool = False) -> None:
         self._append_bytes(encode_record(cid, entry), sync=sync)
@@ -248,12 +303,6 @@ class SiteManifest:
             self._unwritten[cid] = entry
             log.warning("%s", exc)
 
-    def _seek_newest(self) -> None:
-        """Position on the newest journal without loading (the erasure tool's never-loaded manifest)."""
-        if not self._loaded and self._journal_fd is None:
-            self._gen = self._generations().newest
-            self._read_pos = self.ops.stat_size(self._path("journal", self._gen)) or 0
-
     def begin_writes(self) -> None:
         """Before this store's first log write (creation, commit, erasure): the session's open mark,
         fdatasynced, so that a crash from here on is seen by the next load."""
@@ -261,7 +310,6 @@ class SiteManifest:
             return
         with self._lock:
             if self._session is None:
-                self._seek_newest()
                 session = new_session()
                 self._append_bytes(encode_mark(MARK_OPEN, session), sync=True)
                 self._session = session
@@ -295,47 +343,52 @@ class SiteManifest:
         removed the log first, so the manifest still lists every log on disk (manifest ⊇ logs). Works on a
         manifest that was never loaded (the CLI): the record goes to the newest journal."""
         with self._lock:
-            self._seek_newest()
             self._append_record(cid, erased_entry(), sync=True)
             self._table.apply(cid, erased_entry())
 
     def _catch_up(self) -> None:
-        """Apply records other processes appended; follow compactions to newer journals (re-basing on
-        the new snapshot once it is there)."""
-        while True:
-            data = self._read_tail(self._path("journal", self._gen), self._read_pos)
-            if data:
-                decoded = decode_journal(data)
-                for cid, entry in decoded.records:
-                    self._table.apply(cid, entry)
-                self._read_pos += decoded.pos
-            if not self.ops.exists(self._path("journal", self._gen + 1)):
-                break
-            self._close_journal()
-            self._gen += 1
-            self._read_pos = 0
-        if self._base_gen < self._gen and self.ops.exists(self._path("snapshot", self._gen)):
-            self._rebase()
+        """Apply records other processes appended; follow compactions and rolls to the newest journal,
+        found by listing however many generations on (a deleted journal is not read: the newer snapshot
+        holds it). A manifest never loaded (the erasure tool) is only positioned on the newest journal."""
+        self._listed(self._advance)
 
-    def _rebase(self) -> None:
-        """Memory from snapshot.<gen> + journal.<gen> (what a fresh load reads): the overlay shrinks back
-        to what changed since the compaction. Records whose journal write failed are applied again."""
-        state = self._read_state(self._gen, [self._gen])
+    def _advance(self, found: Generations) -> None:
+        if found.newest != self._gen:
+            self._close_journal()
+        if not self._loaded:
+            self._gen, self._read_pos = found.newest, 0
+        elif found.base > self._base_gen:
+            self._rebase(found)
+        else:
+            self._apply_journal(self._gen, strict=False)  # gone only if nothing wrote it yet
+            for gen in found.live_journals:
+                if gen > self._gen:
+                    self._gen, self._read_pos = gen, 0
+                    self._apply_journal(gen, strict=True)
+
+    def _rebase(self, found: Generations) -> None:
+        """Memory from the newest snapshot and its journals (what a fresh load reads): the overlay shrinks
+        back to what changed since the compaction. Records whose journal write failed are applied again."""
+        state = self._read_state(found.base, found.live_journals)
         for cid, entry in self._unwritten.items():
             state.table.apply(cid, entry)
-        self._table, self._base_gen, self._read_pos = state.table, self._gen, state.pos
+        self._table, self._base_gen, self._read_pos = state.table, found.base, state.pos
+        self._gen = found.newest
 
-    def _read_tail(self, path: str, pos: int) -> bytes:
-        """Bytes of ``path`` from ``pos`` to its end (empty if it does not exist)."""
+    def _apply_journal(self, gen: int, *, strict: bool) -> None:
+        """Apply the records of ``journal.<gen>`` after ``_read_pos`` (FileNotFoundError if it is gone and
+        ``strict``)."""
         try:
-            fd = self.ops.open(path, os.O_RDONLY)
+            data = read_tail(self.ops, self._path("journal", gen), self._read_pos)
         except FileNotFoundError:
-            return b""
-        try:
-            size = self.ops.size(fd)
-            return self.ops.pread(fd, size - pos, pos) if size > pos else b""
-        finally:
-            self.ops.close(fd)
+            if strict:
+                raise
+            return
+        if data:
+            decoded = decode_journal(data)
+            for cid, entry in decoded.records:
+                self._table.apply(cid, entry)
+            self._read_pos += decoded.pos
 
     # ------------------------------------------------------------------ listing
     def list_page(self, cursor: str | None, limit: int) -> ConversationListing:
@@ -360,86 +413,36 @@ class SiteManifest:
         return ConversationListing(summaries, self._cursors.next_cursor(cursor, end, has_more=has_more))
 
     def _refresh(self) -> None:
-        """Cheap check for other processes' records: one stat of the active journal."""
-        size = self.ops.stat_size(self._path("journal", self._gen))
-        if (
-            (size is not None and size > self._read_pos)
-            or self.ops.exists(self._path("journal", self._gen + 1))
-            or self._base_gen < self._gen
-        ):
+        """Cheap check for other processes' records: one stat of the active journal (its size: records
+        appended; its link count: a newer generation, ``journal.stale``)."""
+        named = self.ops.ident_at(self._path("journal", self._gen))
+        if named is None or stale(named) or named.size > self._read_pos or self._base_gen < self._gen:
             self._catch_up()
 
     # ------------------------------------------------------------------ compaction
     def _schedule_compaction(self) -> None:
-        if self._compactor is None or not self._compactor.is_alive():
-            self._compactor = threading.Thread(
-                target=self._compaction_loop, name=f"logstore-compact-{self.site}", daemon=True
-            )
-            self._compactor.start()
-        self._compact_wanted.set()
-
-    def _compaction_loop(self) -> None:
-        while not self._closed:
-            if not self._compact_wanted.wait(timeout=1.0):
-                continue
-            self._compact_wanted.clear()
-            if self._closed:
-                return
-            try:
-                self.compact()
-            except Exception:  # noqa: BLE001 - compaction is an optimisation; the journal stays valid
-                log.exception("manifest compaction failed for site %s", self.site)
+        self._compactor.schedule()
 
     def compact(self) -> bool:
-        """Fold the active journal into a new snapshot. Returns False if another process is compacting."""
-        lock = filelock.FileLock(
-            os.path.join(self.directory, layout.COMPACT_LOCK), mode=FILE_MODE, timeout=0, thread_local=False,
-            fallback_to_soft=False, preserve_lock_file=True,
-        )  # fmt: skip
-        try:
-            lock.acquire()
-        except filelock.Timeout:
-            return False
-        try:
-            with self._lock:
-                self._catch_up()
-                gen = self._gen
-            new_journal = self._path("journal", gen + 1)
-            fd = self.ops.open(new_journal, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-            self.ops.close(fd)
-            self.ops.fsync_dir(self.directory)
-            # State as of snapshot.<gen> + journal.<gen>, read from disk (includes other processes).
-            found = self._generations()
-            base = max((g for g in found.snapshots if g <= gen), default=0)
-            journals = [g for g in found.journals if base <= g <= gen]
-            state = self._read_state(base, journals)
-            snapshot = encode_snapshot(state.table.items(), state.sessions)
-            del state
-            self.ops.atomic_write(self._path("snapshot", gen + 1), snapshot)
-            for old in (self._path("journal", gen), self._path("snapshot", gen)):
-                if self.ops.exists(old):
-                    self.ops.unlink(old)
-            self.ops.fsync_dir(self.directory)
-            with self._lock:
-                self._catch_up()
-            return True
-        finally:
-            lock.release()
+        """Fold the journals into a new snapshot. Returns False if another process is compacting."""
+        return compact_locked(self.ops, self.directory, caught_up=self._caught_up, read=self._read_state)
+
+    def _caught_up(self) -> int:
+        with self._lock:
+            self._catch_up()
+            return self._gen
 
     def close(self) -> None:
         """Stop the background threads; after a clean run, the session's close mark (fdatasynced)."""
         self._closed = True
-        self._compact_wanted.set()
         if self._reconciliation is not None:
             self._reconciliation.stop()
-        compactor = self._compactor
-        if compactor is not None and compactor is not threading.current_thread():
-            compactor.join()  # a compaction in flight finishes before the store's files are let go
+        self._compactor.close()  # a compaction in flight finishes before the store's files are let go
         with self._lock:
             session, self._session = self._session, None
             if session is not None:
                 end_session(session)
-            if session is not None and not self._unwritten:
+            if session is not None and not self._unwritten and not self._faulted:
                 try:
                     self._append_bytes(encode_mark(MARK_CLOSE, session), sync=True)
                 except Io as exc:  # the next load reconciles: the only cost of a missing close mark
