@@ -10,9 +10,13 @@ two lock owners in one process and with a real subprocess."""
 from __future__ import annotations
 
 import os
+from functools import partial
 
+import tests.test_torture_kill9 as kill9
 from logstore import Store
+from logstore.file.manifest.codec import generations
 from tests.cross_process_support import RemoteStore
+from tests.torture_workload import Oracle, items_for, writer_main
 
 SITE = "site-a"
 COMPACTIONS = 3
@@ -98,3 +102,70 @@ def test_a_subprocess_three_compactions_behind_writes_to_the_newest_journal(data
         lagging.append(SITE, "conv-sub-0000", [{"n": 2}])
         oracle["conv-sub-0000"] = lagging.recall(SITE, "conv-sub-0000", 1)[0].recorded_at
         _check_everyone(oracle, data_dir, active, lagging)
+
+
+# --------------------------------------------------------------------------- under kill -9
+THRESHOLD = 4096  # journal bytes before a writer compacts: a compaction every ~90 records
+LAG_ROUNDS = 3
+
+
+def _compacting_writer(threshold: int, *args) -> None:
+    """``writer_main`` with a tiny compaction threshold (run in a forked writer)."""
+    import logstore.file.manifest.site as site_mod
+
+    site_mod.COMPACT_THRESHOLD = threshold
+    writer_main(*args)
+
+
+def _snapshot_gen(data: str) -> int:
+    try:
+        names = os.listdir(os.path.join(data, "sites", SITE, "manifest"))
+    except FileNotFoundError:
+        return 0
+    return generations(names).base
+
+
+def test_kill9_writers_compact_while_a_lagging_process_idles(tmp_path, monkeypatch):
+    """Writer processes killed -9 at random moments (mid-compaction too) compact the manifest every few
+    dozen records, while a real subprocess holding the store open idles across >= 3 compactions, then
+    creates a conversation and lists: it lists every conversation acknowledged before (by the dead
+    writers), and after the run it, every survivor's check and a fresh open agree with the oracle."""
+    monkeypatch.setattr(kill9, "writer_main", partial(_compacting_writer, THRESHOLD))
+    data, acks = str(tmp_path / "data"), str(tmp_path / "acks")
+    os.makedirs(acks)
+    oracle = Oracle()
+    writers = kill9.Writers(data, acks, seed=33, threads=2)
+    kills = 0
+
+    def lagging_append(lagging: RemoteStore, cid: str, bid: str) -> None:
+        batch = oracle.attempt(bid, SITE, cid, 2, 0.1)
+        r = lagging.append(SITE, cid, items_for(bid, 2, 0.1))
+        oracle.ack(batch, r.first, r.last)
+
+    with RemoteStore(f"file://{data}", lock_timeout=30.0) as lagging:
+        try:
+            for slot in range(2):
+                writers.start(slot)
+            for rnd in range(LAG_ROUNDS):
+                lagging_append(lagging, "lagging-conv-0", f"lag-r{rnd}-a")  # holds the current journal
+                start = _snapshot_gen(data)
+                while _snapshot_gen(data) < start + COMPACTIONS:
+                    assert kills < 400, (
+                        f"{kills} kills and the manifest went from {start} to {_snapshot_gen(data)}"
+                    )
+                    kill9.ingest(oracle, writers.ack_path(writers.kill_next()))
+                    kills += 1
+                lagging_append(lagging, f"lagging-conv-{rnd + 1}", f"lag-r{rnd}-b")  # a new conversation
+                acked = {b.cid for b in oracle.snapshot() if b.site == SITE}
+                listed = set(_listed(lagging))
+                assert acked <= listed, f"round {rnd}: acknowledged but not listed: {sorted(acked - listed)}"
+        finally:
+            for gen in writers.stop_all():
+                kill9.ingest(oracle, writers.ack_path(gen))
+        verified = kill9.check(data, oracle, writers.gen, final=True)
+        assert verified == len(oracle.acked)
+        with Store(data) as fresh:
+            assert fresh._manifest(SITE).wait_reconciled(60)
+            want = _listed(fresh)
+        assert _listed(lagging) == want  # the survivor agrees with a fresh open
+    assert kills >= LAG_ROUNDS

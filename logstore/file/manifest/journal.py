@@ -117,24 +117,32 @@ def roll(ops: FileOps, directory: str, gen: int) -> None:
 
 
 def fold(ops: FileOps, directory: str, gen: int, read: Callable[[int, list[int]], DiskState]) -> None:
-    """Compact every generation up to ``gen`` into ``snapshot.<gen + 1>`` (the caller holds
-    ``compact.lock``): start the next journal, seal the old ones, read them (``read(base, journals)``),
-    write the snapshot atomically, then delete the old files and their seals."""
-    start_next(ops, directory, gen)
+    """Compact every generation up to ``gen``, the current one, into ``snapshot.<gen + 1>`` (the caller
+    holds ``compact.lock``): start the next journal, seal the old ones, read them (``read(base,
+    journals)``), write the snapshot atomically, then delete the old files and their seals. If
+    ``journal.<gen>`` is empty (started by a roll or by a fold that failed on a full disk: retries do not
+    pile up generations), the generations before it go into ``snapshot.<gen>`` instead."""
+    if gen and ops.stat_size(_journal(directory, gen)) == 0:
+        new = gen  # the current journal is new and empty (a roll, a failed fold): fold those before it
+    else:
+        start_next(ops, directory, gen)
+        new = gen + 1
     found = generations(ops.listdir(directory))
-    base = max((g for g in found.snapshots if g <= gen), default=0)
-    folded = [g for g in found.journals if base <= g <= gen]
+    if new in found.snapshots:
+        return  # nothing before the current journal
+    base = max((g for g in found.snapshots if g < new), default=0)
+    folded = [g for g in found.journals if base <= g < new]
     seal(ops, directory, folded)
     state = read(base, folded)
-    ops.atomic_write(layout.manifest_file(directory, "snapshot", gen + 1), encode_snapshot(
+    ops.atomic_write(layout.manifest_file(directory, "snapshot", new), encode_snapshot(
         state.table.items(), state.sessions
     ))  # fmt: skip
     del state
     for kind, gens in (("snapshot", found.snapshots), ("journal", found.journals)):
         for old in gens:
-            if old <= gen:
+            if old < new:
                 _unlink(ops, layout.manifest_file(directory, kind, old))
-    drop_seals(ops, directory, gen)
+    drop_seals(ops, directory, new - 1)
     ops.fsync_dir(directory)
 
 

@@ -120,7 +120,7 @@ class SiteManifest:
                 self, self._sessions, damaged=self._damaged, marked=self._marked, absent=self._no_manifest
             )
             if self._table.base.version == 1:  # written by release 41344b8: repack it, off this path
-                self._schedule_compaction()
+                self._compactor.schedule()
 
     def _io_error(self, action: str, exc: OSError) -> Io:
         return Io(f"manifest {action} failed for site {self.site}: {exc.strerror or exc}", errno=exc.errno)
@@ -142,7 +142,7 @@ class SiteManifest:
         if state.torn:  # a crash's torn tail (or a record in flight): no record goes after it
             self._torn = found.newest
         if len(found.live_journals) > 1:  # a roll (or a compaction) not folded yet
-            self._schedule_compaction()
+            self._compactor.schedule()
 
     def _listed(self, read: Callable[[Generations], _T]) -> _T:
         """``read(listing)``; listed and read again if a compaction folded a listed file in between (a
@@ -216,7 +216,7 @@ class SiteManifest:
             self._sessions -= dead
             if self._damaged:  # reported at load, reconciled from the logs: now fold the damage away
                 self._damaged = False
-                self._schedule_compaction()
+                self._compactor.schedule()
         log.info("manifest for site %s reconciled with its logs", self.site)
 
     # ------------------------------------------------------------------ journal
@@ -243,7 +243,7 @@ class SiteManifest:
             if self._torn is not None and self._torn == self._gen:
                 roll(self.ops, self.directory, self._gen)
                 self._torn = None
-                self._schedule_compaction()  # folds the torn journal away
+                self._compactor.schedule()  # folds the torn journal away
                 continue
             fd = open_current(self.ops, self.directory, self._gen)
             if fd is not None:
@@ -276,12 +276,11 @@ class SiteManifest:
             self._close_journal()
             raise self._io_error("write", exc) from exc
         if held.size > COMPACT_THRESHOLD:
-            self._schedule_compaction()
+            self._compactor.schedule()
 
     def _moved(self, held: Ident) -> bool:
-        """After a write to a journal whose link count is not 1: catch up; True if the record must be
-        appended again (a newer journal, or this one deleted), False if it is current after all (a link
-        that is no seal: a hard-linked copy of the data dir)."""
+        """After a write to a journal whose link count is not 1: catch up; True if the record must go again
+        (a newer journal, or this one deleted), False if a link is no seal (a hard-linked data dir)."""
         gen = self._gen
         self._catch_up()
         if self._gen != gen:
@@ -416,13 +415,12 @@ class SiteManifest:
         """Cheap check for other processes' records: one stat of the active journal (its size: records
         appended; its link count: a newer generation, ``journal.stale``)."""
         named = self.ops.ident_at(self._path("journal", self._gen))
-        if named is None or stale(named) or named.size > self._read_pos or self._base_gen < self._gen:
+        if named is None or stale(named) or self._base_gen < self._gen:
             self._catch_up()
+        elif named.size > self._read_pos:  # still the current journal: only its new bytes
+            self._apply_journal(self._gen, strict=False)
 
     # ------------------------------------------------------------------ compaction
-    def _schedule_compaction(self) -> None:
-        self._compactor.schedule()
-
     def compact(self) -> bool:
         """Fold the journals into a new snapshot. Returns False if another process is compacting."""
         return compact_locked(self.ops, self.directory, caught_up=self._caught_up, read=self._read_state)
