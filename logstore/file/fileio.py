@@ -80,13 +80,9 @@ class FileOps:
     def size(self, fd: int) -> int:
         return fstat_ident(fd).size
 
-    def ident(self, fd: int) -> Ident:
-        """Size and link count of the open file ``fd`` (one ``statx``): the manifest journal's
-        per-record "is this still the current journal?" check reads its link count (manifest.journal)."""
-        return fstat_ident(fd)
-
     def ident_at(self, path: str) -> Ident | None:
-        """The same for the file ``path`` names, or None if it does not exist."""
+        """Size, link count and file id of the file ``path`` names (one ``statx``), or None if it does not
+        exist: the manifest journal's per-record "still the current journal?" (manifest.journal)."""
         try:
             return stat_ident(path)
         except FileNotFoundError:

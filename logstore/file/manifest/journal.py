@@ -5,13 +5,17 @@ A process keeps the journal it appends to open. Two things end a journal's life:
 starts ``journal.<N+1>``, reads ``journal.<N>`` into ``snapshot.<N+1>`` and deletes it; a *roll* (``roll``:
 after a failed write, or a torn tail found on load) starts ``journal.<N+1>`` so that no record lands after
 the torn bytes. Both give the old journal a second name, ``journal.<N>.tmp-<pid>`` (a *seal*), after the
-new journal exists and before anything reads the old one. So the link count of the journal a process
-holds answers "is it still the current one?" in one ``statx`` of its descriptor, with no path lookup:
+new journal exists and before anything reads the old one. So one ``statx`` of the path of the journal a
+process holds answers "is it still the current one?" (it never fails while it is):
 
-    1    current: no newer journal was started before this look, so what was appended before it is
-         read by any later compaction (which seals first, then reads)
-    > 1  sealed: a newer journal exists and may already have been read: catch up, re-append there
-    0    deleted (folded): the newest journal is found by listing, however many generations on
+    names it, 1 link   current: no newer journal was started before this look, so what was appended
+                       before it is read by any later compaction (which seals first, then reads)
+    names it, > 1      sealed: a newer journal exists and may have been read: catch up, re-append there
+    gone, or another   deleted (folded) or replaced: the newest journal is found by listing, however
+                       many generations on
+
+Both are needed: a compaction removes a folded journal's names one by one (journal, then seals), so its
+link count passes through 1 again on the way to 0; the path is gone by then.
 
 A link count above 1 with no newer journal in the listing is not a seal (a hard-linked copy of the data
 dir): the journal is current. A seal is removed only with its journal, by the compaction that folds it:
@@ -40,10 +44,10 @@ def _journal(directory: str, gen: int) -> str:
     return layout.manifest_file(directory, "journal", gen)
 
 
-def stale(held: Ident) -> bool:
-    """Whether the journal ``held`` describes (a ``statx`` of its descriptor) may no longer be the
-    current one: sealed or deleted. (Listing decides; see the module docstring.)"""
-    return held.nlink != 1
+def stale(named: Ident | None, held: tuple[int, int, int]) -> bool:
+    """Whether the journal held open (``held``: its ``file_id``) may no longer be the current one, by
+    what its path names now (``named``: a ``statx``, None if gone). Listing decides (module docstring)."""
+    return named is None or named.file_id != held or named.nlink != 1
 
 
 def open_current(ops: FileOps, directory: str, gen: int) -> int | None:
