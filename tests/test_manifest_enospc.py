@@ -1,8 +1,9 @@
 """A full disk under the manifest journal, then a power loss (issue 21, section 6): the journal's unsynced
 commit records whose writeback fails (ENOSPC on its fdatasync: fsyncgate semantics in ``FaultFS``) may
 leave damaged bytes *between* records. Nothing acknowledged may be lost, the listing must agree with the
-logs, and ``fsck --repair`` must leave the store clean. (The hole itself is not prevented yet: see the
-issue-21 report; this case guards what must hold meanwhile.)"""
+logs, and ``fsck --repair`` must leave the store clean. (Since issue 33 the journal whose sync failed
+is rolled, so no later record follows it, and a compaction folds it from the page cache into a synced
+snapshot; a power loss before that compaction can still leave the hole, which is what this case covers.)"""
 
 from __future__ import annotations
 

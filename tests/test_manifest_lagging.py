@@ -129,7 +129,8 @@ def test_kill9_writers_compact_while_a_lagging_process_idles(tmp_path, monkeypat
     """Writer processes killed -9 at random moments (mid-compaction too) compact the manifest every few
     dozen records, while a real subprocess holding the store open idles across >= 3 compactions, then
     creates a conversation and lists: it lists every conversation acknowledged before (by the dead
-    writers), and after the run it, every survivor's check and a fresh open agree with the oracle."""
+    writers), and after the run it, the final check and a fresh open agree with the oracle; the writers'
+    reads pass the history checker (tests/history.py)."""
     monkeypatch.setattr(kill9, "writer_main", partial(_compacting_writer, THRESHOLD))
     data, acks = str(tmp_path / "data"), str(tmp_path / "acks")
     os.makedirs(acks)
@@ -169,3 +170,6 @@ def test_kill9_writers_compact_while_a_lagging_process_idles(tmp_path, monkeypat
             want = _listed(fresh)
         assert _listed(lagging) == want  # the survivor agrees with a fresh open
     assert kills >= LAG_ROUNDS
+    report = kill9.check_history(data, [writers.history_path(g) for g in range(1, writers.gen + 1)])
+    assert report.reads_checked > 0 and report.appends_checked > 0
+    assert report.total == 0, f"{report.summary()}; e.g. {report.examples[:5]}"

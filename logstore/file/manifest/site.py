@@ -99,7 +99,7 @@ class SiteManifest:
         self._gen = 0  # the generation of the journal read (and appended to)
         self._base_gen = -1  # generation of the snapshot the table is based on
         self._journal_fd: int | None = None
-        self._journal_id = (0, 0, 0)  # its file_id
+        self._journal_id, self._journal_path = (0, 0, 0), ""  # its file_id and path
         self._read_pos = 0  # bytes of the active journal already applied
         self._loaded = False
         self._damaged = False
@@ -249,6 +249,7 @@ class SiteManifest:
             fd = open_current(self.ops, self.directory, self._gen)
             if fd is not None:
                 self._journal_fd, self._journal_id = fd, self.ops.file_id(fd)
+                self._journal_path = self._path("journal", self._gen)
                 return fd
         raise OSError(errno.ESTALE, f"no current manifest journal for site {self.site} in {_RETRIES} tries")
 
@@ -262,7 +263,7 @@ class SiteManifest:
                 fd = self._journal()
                 try:
                     self.ops.append(fd, data)
-                    named = self.ops.ident_at(self._path("journal", self._gen))
+                    named = self.ops.ident_at(self._journal_path)
                     if stale(named, self._journal_id) and self._moved(named):
                         continue
                     if sync:
