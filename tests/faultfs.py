@@ -310,6 +310,11 @@ class FaultFS(FileOps):
             self._begin("size")
         return super().file_id(fd)
 
+    def ident(self, fd: int) -> Ident:
+        with self._mutex:
+            self._begin("size")
+        return super().ident(fd)
+
     # ------------------------------------------------------------------ durability
     def fdatasync(self, fd: int) -> None:
         self._sync(fd, "fdatasync")

@@ -122,7 +122,7 @@ def _journals(d: str) -> dict[str, bytes]:
     mdir = os.path.join(d, "sites", SITE, "manifest")
     out = {}
     for name in os.listdir(mdir):
-        if name.startswith("journal.") and ".tmp-" not in name:
+        if name.startswith("journal."):
             with open(os.path.join(mdir, name), "rb") as f:
                 out[name] = f.read()
     return out

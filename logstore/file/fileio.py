@@ -80,9 +80,13 @@ class FileOps:
     def size(self, fd: int) -> int:
         return fstat_ident(fd).size
 
+    def ident(self, fd: int) -> Ident:
+        """Size, link count and mode of the open file ``fd`` (one ``statx``): the manifest journal's
+        per-record "still the current journal?" (manifest.journal)."""
+        return fstat_ident(fd)
+
     def ident_at(self, path: str) -> Ident | None:
-        """Size, link count and file id of the file ``path`` names (one ``statx``), or None if it does not
-        exist: the manifest journal's per-record "still the current journal?" (manifest.journal)."""
+        """The same for the file ``path`` names, or None if it does not exist."""
         try:
             return stat_ident(path)
         except FileNotFoundError:
@@ -116,6 +120,9 @@ class FileOps:
 
     def unlink(self, path: str) -> None:
         os.unlink(path)
+
+    def chmod(self, path: str, mode: int) -> None:
+        os.chmod(path, mode)
 
     def mkdir(self, path: str) -> None:
         os.mkdir(path, DIR_MODE)

@@ -39,7 +39,7 @@ from ..file.manifest.codec import (
     generations,
     merge_record,
 )
-from ..file.manifest.journal import drop_seals, seal
+from ..file.manifest.journal import seal
 from ..file.manifest.snapshot import decode_snapshot, encode_snapshot
 from .check_report import CheckContext, Finding, stray_kind
 
@@ -241,7 +241,6 @@ class ManifestView:
             for gen in journals:
                 if gen < new:
                     ops.unlink(self._path("journal", gen))
-            drop_seals(ops, self.directory, new - 1)
             ops.fsync_dir(self.directory)
         finally:
             lock.release()

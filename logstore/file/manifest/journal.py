@@ -4,50 +4,46 @@
 A process keeps the journal it appends to open. Two things end a journal's life: a compaction (``fold``)
 starts ``journal.<N+1>``, reads ``journal.<N>`` into ``snapshot.<N+1>`` and deletes it; a *roll* (``roll``:
 after a failed write, or a torn tail found on load) starts ``journal.<N+1>`` so that no record lands after
-the torn bytes. Both give the old journal a second name, ``journal.<N>.tmp-<pid>`` (a *seal*), after the
-new journal exists and before anything reads the old one. So one ``statx`` of the path of the journal a
-process holds answers "is it still the current one?" (it never fails while it is):
+the torn bytes. Both *seal* the old journal, after the new one exists and before anything reads the old
+one: its mode loses the owner-write bit (0600 -> 0400; descriptors already open still write, and only a
+seal ever clears that bit: a journal is created 0600 whatever the umask). So one ``statx`` of the
+descriptor a process holds answers "is it still the current one?", with no path lookup:
 
-    names it, 1 link   current: no newer journal was started before this look, so what was appended
-                       before it is read by any later compaction (which seals first, then reads)
-    names it, > 1      sealed: a newer journal exists and may have been read: catch up, re-append there
-    gone, or another   deleted (folded) or replaced: the newest journal is found by listing, however
-                       many generations on
+    0600, linked   current: no newer journal was started before this look, so what was appended
+                   before it is read by any later compaction (which seals first, then reads)
+    0400           sealed: a newer journal exists and may have been read: catch up, re-append there
+    no link        deleted (folded): the newest journal is found by listing, however many generations on
 
-Both are needed: a compaction removes a folded journal's names one by one (journal, then seals), so its
-link count passes through 1 again on the way to 0; the path is gone by then.
-
-A link count above 1 with no newer journal in the listing is not a seal (a hard-linked copy of the data
-dir): the journal is current. A seal is removed only with its journal, by the compaction that folds it:
-lifted earlier, it would let a stale writer append to a journal the processes already on the newer one
-never read again. Seals are named like a live process's temp file, so fsck ignores them while their
-process runs (and reports a dead one's as a stale temp file)."""
+A seal stays with its journal until the journal is deleted; a sealed journal with no newer one listed
+(an operator's chmod) is taken for current: listing decides."""
 
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Callable, Iterable
 
 from .. import layout
-from ..fileio import FileOps
+from ..fileio import FILE_MODE, FileOps
 from ..statx import Ident
 from .codec import generations
 from .snapshot import encode_snapshot
 from .state import DiskState
 
-__all__ = ["fold", "roll", "open_current", "stale", "seal", "drop_seals"]
+__all__ = ["fold", "roll", "open_current", "stale", "seal"]
 
-_SEAL = ".tmp-"
+_WRITABLE = stat.S_IWUSR
+_SEALED = FILE_MODE & ~_WRITABLE
 
 
 def _journal(directory: str, gen: int) -> str:
     return layout.manifest_file(directory, "journal", gen)
 
 
-def stale(named: Ident | None, held: tuple[int, int, int]) -> bool:
-    """Whether the journal held open (``held``: its ``file_id``) may no longer be the current one, by
-    what its path names now (``named``: a ``statx``, None if gone). Listing decides (module docstring)."""
-    return named is None or named.file_id != held or named.nlink != 1
+def stale(held: Ident) -> bool:
+    """Whether the journal ``held`` describes (a ``statx`` of its descriptor) may no longer be the
+    current one: sealed or deleted (module docstring)."""
+    return held.nlink == 0 or not held.mode & _WRITABLE
 
 
 def open_current(ops: FileOps, directory: str, gen: int) -> int | None:
@@ -58,6 +54,8 @@ def open_current(ops: FileOps, directory: str, gen: int) -> int | None:
     path = _journal(directory, gen)
     fd, created = _open_or_create(ops, path)
     try:
+        if created and not ops.ident(fd).mode & _WRITABLE:  # a umask took the bit only a seal clears
+            ops.chmod(path, FILE_MODE)
         # Always, once per journal per process: its creator may have died before its directory fsync,
         # and creation records synced into an entry that is not durable would vanish with it.
         ops.fsync_dir(directory)
@@ -88,20 +86,10 @@ def _open_or_create(ops: FileOps, path: str) -> tuple[int, bool]:
 def seal(ops: FileOps, directory: str, gens: Iterable[int]) -> None:
     """Seal each ``journal.<g>`` (module docstring). The newer journal must exist first."""
     for gen in gens:
-        path = _journal(directory, gen)
         try:
-            ops.link(path, f"{path}{_SEAL}{os.getpid()}")
-        except (FileExistsError, FileNotFoundError):
-            pass  # sealed already by this pid (a roll, then a fold), or folded meanwhile
-
-
-def _seal_gen(name: str) -> int | None:
-    """The generation a seal name seals, or None if ``name`` is no seal."""
-    head, sep, pid = name.partition(_SEAL)
-    parsed = layout.parse_manifest_name(head)
-    if not sep or not pid.isdigit() or parsed is None or parsed[0] != "journal":
-        return None
-    return parsed[1]
+            ops.chmod(_journal(directory, gen), _SEALED)
+        except FileNotFoundError:
+            pass  # folded meanwhile
 
 
 def start_next(ops: FileOps, directory: str, gen: int) -> None:
@@ -123,7 +111,7 @@ def roll(ops: FileOps, directory: str, gen: int) -> None:
 def fold(ops: FileOps, directory: str, gen: int, read: Callable[[int, list[int]], DiskState]) -> None:
     """Compact every generation up to ``gen``, the current one, into ``snapshot.<gen + 1>`` (the caller
     holds ``compact.lock``): start the next journal, seal the old ones, read them (``read(base,
-    journals)``), write the snapshot atomically, then delete the old files and their seals. If
+    journals)``), write the snapshot atomically, then delete the old files. If
     ``journal.<gen>`` is empty (started by a roll or by a fold that failed on a full disk: retries do not
     pile up generations), the generations before it go into ``snapshot.<gen>`` instead."""
     if gen and ops.stat_size(_journal(directory, gen)) == 0:
@@ -146,16 +134,7 @@ def fold(ops: FileOps, directory: str, gen: int, read: Callable[[int, list[int]]
         for old in gens:
             if old < new:
                 _unlink(ops, layout.manifest_file(directory, kind, old))
-    drop_seals(ops, directory, new - 1)
     ops.fsync_dir(directory)
-
-
-def drop_seals(ops: FileOps, directory: str, gen: int) -> None:
-    """Remove the seals of every journal up to ``gen``, once those journals are deleted."""
-    for name in ops.listdir(directory):
-        sealed = _seal_gen(name)
-        if sealed is not None and sealed <= gen:
-            _unlink(ops, os.path.join(directory, name))
 
 
 def _unlink(ops: FileOps, path: str) -> None:

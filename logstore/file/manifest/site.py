@@ -20,8 +20,8 @@ Rules:
 - Records merge by max (``codec.merged``); the erasure record drops a conversation.
 - Compaction (a background thread, ``journal.fold``): create journal.<N+1>, seal journal.<N>, read
   snapshot.<N> + journal.<N>, write snapshot.<N+1> (temp + fsync + rename + dir fsync), delete the old
-  files. A writer appends to the journal it holds, then one ``statx`` of its path says whether it is
-  still the current one (``journal.stale``); if not, it finds the newest journal by listing (any number of
+  files. A writer appends to the journal it holds, then one ``statx`` of its descriptor says whether it
+  is still the current one (``journal.stale``); if not, it finds the newest journal by listing (any number of
   generations on), catches up and re-appends there. Every process that reaches a newer snapshot re-bases
   on it. In memory: ``ManifestTable`` (the packed snapshot plus an overlay).
 - A failed journal write or sync may leave torn bytes: the journal is dropped and, before the next
@@ -99,7 +99,6 @@ class SiteManifest:
         self._gen = 0  # the generation of the journal read (and appended to)
         self._base_gen = -1  # generation of the snapshot the table is based on
         self._journal_fd: int | None = None
-        self._journal_id, self._journal_path = (0, 0, 0), ""  # its file_id and path
         self._read_pos = 0  # bytes of the active journal already applied
         self._loaded = False
         self._damaged = False
@@ -248,14 +247,13 @@ class SiteManifest:
                 continue
             fd = open_current(self.ops, self.directory, self._gen)
             if fd is not None:
-                self._journal_fd, self._journal_id = fd, self.ops.file_id(fd)
-                self._journal_path = self._path("journal", self._gen)
+                self._journal_fd = fd
                 return fd
         raise OSError(errno.ESTALE, f"no current manifest journal for site {self.site} in {_RETRIES} tries")
 
     def _append_bytes(self, data: bytes, *, sync: bool = False) -> None:
         """Append to the current journal, never to one nobody reads any more: after each write one
-        ``statx`` of its path says whether it is still current (``journal.stale``); if not, catch up
+        ``statx`` of the descriptor says whether it is still current (``journal.stale``); if not, catch up
         to the newest journal by listing and append there too (a duplicate merges away). A failed write
         or sync drops the descriptor and marks the journal torn: the next append rolls to a new one."""
         try:
@@ -263,8 +261,8 @@ class SiteManifest:
                 fd = self._journal()
                 try:
                     self.ops.append(fd, data)
-                    named = self.ops.ident_at(self._journal_path)
-                    if stale(named, self._journal_id) and self._moved(named):
+                    held = self.ops.ident(fd)
+                    if stale(held) and self._moved(held):
                         continue
                     if sync:
                         self.ops.fdatasync(fd)
@@ -277,17 +275,17 @@ class SiteManifest:
         except OSError as exc:
             self._close_journal()
             raise self._io_error("write", exc) from exc
-        if named is not None and named.size > COMPACT_THRESHOLD:
+        if held.size > COMPACT_THRESHOLD:
             self._compactor.schedule()
 
-    def _moved(self, named: Ident | None) -> bool:
-        """After a write to a journal that may be stale: catch up; True if the record must go again (a
-        newer journal, or this one gone), False if a link is no seal (a hard-linked data dir)."""
+    def _moved(self, held: Ident) -> bool:
+        """After a write to a journal that looks sealed or deleted: catch up; True if the record must go
+        again (a newer journal, or this one deleted), False if nothing newer is listed (listing decides)."""
         gen = self._gen
         self._catch_up()
         if self._gen != gen:
             return True
-        if named is None or named.file_id != self._journal_id:  # gone, nothing newer: open it anew
+        if held.nlink == 0:  # deleted with nothing newer: open it anew
             self._close_journal()
             return True
         return False
@@ -415,9 +413,9 @@ class SiteManifest:
 
     def _refresh(self) -> None:
         """Cheap check for other processes' records: one stat of the active journal (its size: records
-        appended; its link count: a newer generation, ``journal.stale``)."""
+        appended; its mode and link count: a newer generation, ``journal.stale``)."""
         named = self.ops.ident_at(self._path("journal", self._gen))
-        if named is None or named.nlink != 1 or self._base_gen < self._gen:
+        if named is None or stale(named) or self._base_gen < self._gen:
             self._catch_up()
         elif named.size > self._read_pos:  # still the current journal: only its new bytes
             self._apply_journal(self._gen, strict=False)
