@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 
 from logstore.file import boot
 from logstore.file.fileio import FileOps, NoSyncOps
+from logstore.file.statx import Ident
 
 __all__ = [
     "FaultFS",
@@ -309,6 +310,11 @@ class FaultFS(FileOps):
             self._begin("size")
         return super().file_id(fd)
 
+    def ident(self, fd: int) -> Ident:
+        with self._mutex:
+            self._begin("size")
+        return super().ident(fd)
+
     # ------------------------------------------------------------------ durability
     def fdatasync(self, fd: int) -> None:
         self._sync(fd, "fdatasync")
@@ -441,10 +447,10 @@ class FaultFS(FileOps):
             self._begin("stat_size", path)
         return super().stat_size(path)
 
-    def identify(self, path: str) -> tuple[tuple[int, int, int], int] | None:
+    def ident_at(self, path: str) -> Ident | None:
         with self._mutex:
-            self._begin("stat_size", path)  # the same stat of a path, with the file's identity
-        return super().identify(path)
+            self._begin("stat_size", path)
+        return super().ident_at(path)
 
     # ------------------------------------------------------------------ crash images
     def unsynced(self) -> int:

@@ -97,6 +97,18 @@ class FileOps:
     def size(self, fd: int) -> int:
         return fstat_ident(fd).size
 
+    def ident(self, fd: int) -> Ident:
+        """Size, link count and mode of the open file ``fd`` (one ``statx``): the manifest journal's
+        per-record "still the current journal?" (manifest.journal)."""
+        return fstat_ident(fd)
+
+    def ident_at(self, path: str) -> Ident | None:
+        """The same for the file ``path`` names, or None if it does not exist."""
+        try:
+            return stat_ident(path)
+        except FileNotFoundError:
+            return None
+
     # --- durability --------------------------------------------------------------------------------
     def fdatasync(self, fd: int) -> None:
         os.fdatasync(fd)
@@ -125,6 +137,9 @@ class FileOps:
 
     def unlink(self, path: str) -> None:
         os.unlink(path)
+
+    def chmod(self, path: str, mode: int) -> None:
+        os.chmod(path, mode)
 
     def mkdir(self, path: str) -> None:
         os.mkdir(path, DIR_MODE)
@@ -162,14 +177,6 @@ class FileOps:
     def same_file(self, fd: int, path: str) -> bool:
         """Whether ``path`` still names the file open as ``fd`` (False if it was replaced or removed)."""
         return _named(fd, path, None) is not None
-
-    def identify(self, path: str) -> tuple[tuple[int, int, int], int] | None:
-        """Which file ``path`` names (``file_id``) and its size, or None if it names none."""
-        try:
-            found = stat_ident(path)
-        except FileNotFoundError:
-            return None
-        return found.file_id, found.size
 
     def stat_size(self, path: str) -> int | None:
         """Size of the file at ``path``, or None if it does not exist."""

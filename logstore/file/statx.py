@@ -1,4 +1,5 @@
-"""``stat`` without timestamps: size, inode and link count of a file, asking the kernel for nothing else.
+"""``stat`` without timestamps: size, inode, link count and mode of a file, asking the kernel for nothing
+else.
 
 Strategy: Linux 6.13 gave ext4 (and a few other filesystems) *multigrain* timestamps. While nobody looks
 at a file's mtime/ctime, a write stamps them with the coarse clock, so a burst of writes changes them
@@ -35,6 +36,7 @@ class Ident(NamedTuple):
 
     mask: int  # what the kernel filled in
     nlink: int
+    mode: int  # st_mode (the manifest journal's seal is its owner-write bit: manifest/journal.py)
     ino: int
     size: int
     dev_major: int
@@ -48,10 +50,10 @@ class Ident(NamedTuple):
 
 _AT_FDCWD = -100
 _AT_EMPTY_PATH = 0x1000
-_MASK = 0x004 | 0x100 | 0x200  # STATX_NLINK | STATX_INO | STATX_SIZE: no STATX_MTIME/CTIME/ATIME
-# struct statx (include/uapi/linux/stat.h): stx_mask u32 @0, stx_nlink u32 @16, stx_ino u64 @32,
-# stx_size u64 @40, stx_dev_major u32 @136, stx_dev_minor u32 @140; 256 bytes in all.
-_LAYOUT = struct.Struct("<I12xI12xQQ88xII")  # mask, nlink, ino, size, dev major, minor
+_MASK = 0x002 | 0x004 | 0x100 | 0x200  # STATX_MODE | NLINK | INO | SIZE: no STATX_MTIME/CTIME/ATIME
+# struct statx (include/uapi/linux/stat.h): stx_mask u32 @0, stx_nlink u32 @16, stx_mode u16 @28,
+# stx_ino u64 @32, stx_size u64 @40, stx_dev_major u32 @136, stx_dev_minor u32 @140; 256 bytes in all.
+_LAYOUT = struct.Struct("<I12xI8xH2xQQ88xII")  # mask, nlink, mode, ino, size, dev major, minor
 _BUFSIZE = 256
 _local = threading.local()  # one result buffer per thread (see below)
 
@@ -81,7 +83,9 @@ def _failed(path: bytes) -> OSError:
 
 
 def _from_stat(st: os.stat_result) -> Ident:
-    return Ident(_MASK, st.st_nlink, st.st_ino, st.st_size, os.major(st.st_dev), os.minor(st.st_dev))
+    return Ident(
+        _MASK, st.st_nlink, st.st_mode, st.st_ino, st.st_size, os.major(st.st_dev), os.minor(st.st_dev)
+    )
 
 
 def _call(dirfd: int, name: bytes, flags: int) -> Ident:
@@ -96,12 +100,12 @@ def _call(dirfd: int, name: bytes, flags: int) -> Ident:
     finally:
         _local.buf = buf
     if got.mask & _MASK != _MASK:  # pragma: no cover - every local filesystem fills these three
-        raise OSError(errno.EOPNOTSUPP, "statx did not return size, inode and link count")
+        raise OSError(errno.EOPNOTSUPP, "statx did not return size, inode, link count and mode")
     return got
 
 
 def fstat_ident(fd: int) -> Ident:
-    """Link count, inode, size and device of the open file ``fd``, without marking its times queried."""
+    """Link count, mode, inode, size and device of the open file ``fd``, without marking its times queried."""
     if _statx is None:
         return _from_stat(os.fstat(fd))
     return _call(fd, b"", _AT_EMPTY_PATH)

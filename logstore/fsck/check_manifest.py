@@ -39,6 +39,7 @@ from ..file.manifest.codec import (
     generations,
     merge_record,
 )
+from ..file.manifest.journal import seal
 from ..file.manifest.snapshot import decode_snapshot, encode_snapshot
 from .check_report import CheckContext, Finding, stray_kind
 
@@ -217,6 +218,7 @@ class ManifestView:
             fd = ops.open(self._path("journal", new), os.O_WRONLY | os.O_CREAT | os.O_EXCL)
             ops.close(fd)
             ops.fsync_dir(self.directory)
+            seal(ops, self.directory, journals)  # writers holding them move to journal.<new> (journal.py)
             self.refresh()  # records written before journal.<new> existed (conversations created meanwhile)
             before = dict(self.entries)
             entries: dict[str, Entry] = {}

@@ -1,92 +1,144 @@
-"""The active journal (``journal.<gen>``) as one process holds it: the descriptor it appends through and
-which file it read or opened under that name, so that a path that names another file is noticed.
+"""The manifest's journal generations on disk: how every process finds, fences and folds them (docs/FORMAT.md,
+"Site manifest", "Generations"). Used by ``SiteManifest`` and by fsck's manifest rebuild.
 
-Why (issue 33): ``site remove --purge`` deletes the site's manifest while running stores hold its
-journal open. Records appended to the unlinked file are lost to every process, and a store that reads
-"journal.0" again after a ``site add`` of the same name would read another file from its old position.
-The rule is the lock file's (``locking.py``): a process proves that what it holds is still what the path
-names. ``SiteManifest`` asks ``holds`` before each record (one ``statx``), ``check`` at each listing
-(the stat it made anyway), and ``open`` when it opens the journal; a mismatch that no compaction explains
-(no newer journal) makes it load the manifest again (``SiteManifest._replaced``).
-"""
+A process keeps the journal it appends to open. Two things end a journal's life: a compaction (``fold``)
+starts ``journal.<N+1>``, reads ``journal.<N>`` into ``snapshot.<N+1>`` and deletes it; a *roll* (``roll``:
+after a failed write, or a torn tail found on load) starts ``journal.<N+1>`` so that no record lands after
+the torn bytes. Both *seal* the old journal, after the new one exists and before anything reads the old
+one: its mode loses the owner-write bit (0600 -> 0400; descriptors already open still write, and only a
+seal ever clears that bit: a journal is created 0600 whatever the umask). So one ``statx`` of the
+descriptor a process holds answers "is it still the current one?", with no path lookup:
+
+    0600, linked   current: no newer journal was started before this look, so what was appended
+                   before it is read by any later compaction (which seals first, then reads)
+    0400           sealed: a newer journal exists and may have been read: catch up, re-append there
+    no link        deleted (folded): the newest journal is found by listing, however many generations on
+
+A seal stays with its journal until the journal is deleted; a sealed journal with no newer one listed
+(an operator's chmod) is taken for current: listing decides."""
 
 from __future__ import annotations
 
 import os
+import stat
+from collections.abc import Callable, Iterable
 
-from ..fileio import FileOps
-from ..statx import PathId
+from .. import layout
+from ..fileio import FILE_MODE, FileOps
+from ..statx import Ident
+from .codec import generations
+from .snapshot import encode_snapshot
+from .state import DiskState
 
-__all__ = ["ActiveJournal", "read_tail"]
+__all__ = ["fold", "roll", "open_current", "stale", "seal"]
 
-
-class ActiveJournal:
-    __slots__ = ("ops", "fd", "path", "file_id", "_named")
-
-    def __init__(self, ops: FileOps) -> None:
-        self.ops = ops
-        self.fd: int | None = None  # open for appending (O_APPEND), once this process writes
-        self.path = ""
-        self.file_id: tuple[int, int, int] | None = None  # None: not known (no such file when read)
-        self._named: PathId | None = None  # ``path``'s statx, once open (``holds``)
-
-    def seen(self, path: str) -> None:
-        """``path`` is the active journal now, about to be read: note which file it is. Taken before the
-        read, so a file replaced meanwhile is seen as replaced at the next check."""
-        self.close()  # (callers have closed it already: another journal, or a reload)
-        named = self.ops.identify(path)
-        self.path, self.file_id = path, None if named is None else named[0]
-
-    def track(self, path: str) -> None:
-        """``seen(path)`` unless ``path`` is the file already known (a new site's first journal: once)."""
-        if path != self.path or self.file_id is None:
-            self.seen(path)
-
-    def check(self) -> tuple[bool, int | None]:
-        """(whether the path still names the file we know, or we knew none; its size, None if absent)."""
-        named = self.ops.identify(self.path)
-        if named is None:
-            return self.file_id is None, None
-        return self.file_id is None or named[0] == self.file_id, named[1]
-
-    def holds(self) -> bool:
-        """Whether the descriptor is open and still the file its path names: one ``statx`` of the path,
-        the inode alone (``PathId``: ~6,500 instructions against ~15,300 for ``FileOps.size_if_named``)."""
-        return self.fd is not None and self._named is not None and self._named.file_id() == self.file_id
-
-    def open(self, path: str) -> int | None:
-        """Open (create) ``path``, the active journal, for appending. None (nothing left open) if it is
-        not the file read as the active journal: whoever replaced it wrote records this process has not
-        read."""
-        if path != self.path:  # positioned without a read (the erasure tool's manifest)
-            self.seen(path)
-        fd = self.ops.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-        file_id = self.ops.file_id(fd)
-        if self.file_id is not None and file_id != self.file_id:
-            self.ops.close(fd)
-            return None
-        self.fd, self.file_id = fd, file_id
-        if self._named is None or self._named.path != self.path:
-            self._named = PathId(self.path)
-        return fd
-
-    def close(self) -> None:
-        fd, self.fd = self.fd, None
-        if fd is not None:
-            try:
-                self.ops.close(fd)
-            except OSError:
-                pass
+_WRITABLE = stat.S_IWUSR
+_SEALED = FILE_MODE & ~_WRITABLE
 
 
-def read_tail(ops: FileOps, path: str, pos: int) -> bytes:
-    """Bytes of ``path`` from ``pos`` to its end (empty if it does not exist)."""
+def _journal(directory: str, gen: int) -> str:
+    return layout.manifest_file(directory, "journal", gen)
+
+
+def stale(held: Ident) -> bool:
+    """Whether the journal ``held`` describes (a ``statx`` of its descriptor) may no longer be the
+    current one: sealed or deleted (module docstring)."""
+    return held.nlink == 0 or not held.mode & _WRITABLE
+
+
+def open_current(ops: FileOps, directory: str, gen: int) -> int | None:
+    """An append descriptor on ``journal.<gen>`` (created if need be), or None if, once it is open, a
+    listing shows a newer generation: opened as a compaction started the next journal, it would be stale
+    at once (and one this call created then is removed: no process can have written to it, since each
+    confirms by the same listing before its first write)."""
+    path = _journal(directory, gen)
+    fd, created = _open_or_create(ops, path)
     try:
-        fd = ops.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return b""
-    try:
-        size = ops.size(fd)
-        return ops.pread(fd, size - pos, pos) if size > pos else b""
-    finally:
+        if created and not ops.ident(fd).mode & _WRITABLE:  # a umask took the bit only a seal clears
+            ops.chmod(path, FILE_MODE)
+        # Always, once per journal per process: its creator may have died before its directory fsync,
+        # and creation records synced into an entry that is not durable would vanish with it.
+        ops.fsync_dir(directory)
+        current = generations(ops.listdir(directory)).newest == gen
+    except BaseException:
         ops.close(fd)
+        raise
+    if current:
+        return fd
+    ops.close(fd)
+    if created:
+        _unlink(ops, path)
+    return None
+
+
+def _open_or_create(ops: FileOps, path: str) -> tuple[int, bool]:
+    while True:
+        try:
+            return ops.open(path, os.O_WRONLY | os.O_APPEND), False
+        except FileNotFoundError:
+            pass
+        try:
+            return ops.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL), True
+        except FileExistsError:
+            continue  # created meanwhile by another process: open it
+
+
+def seal(ops: FileOps, directory: str, gens: Iterable[int]) -> None:
+    """Seal each ``journal.<g>`` (module docstring). The newer journal must exist first."""
+    for gen in gens:
+        try:
+            ops.chmod(_journal(directory, gen), _SEALED)
+        except FileNotFoundError:
+            pass  # folded meanwhile
+
+
+def start_next(ops: FileOps, directory: str, gen: int) -> None:
+    """Create ``journal.<gen + 1>`` (unless a roll or another compactor did) and make it durable."""
+    try:
+        ops.close(ops.open(_journal(directory, gen + 1), os.O_WRONLY | os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        pass
+    ops.fsync_dir(directory)
+
+
+def roll(ops: FileOps, directory: str, gen: int) -> None:
+    """Stop every process appending to ``journal.<gen>`` (it may hold torn bytes): start the next journal
+    and seal this one. The next compaction folds it, torn bytes skipped, and deletes it."""
+    start_next(ops, directory, gen)
+    seal(ops, directory, [gen])
+
+
+def fold(ops: FileOps, directory: str, gen: int, read: Callable[[int, list[int]], DiskState]) -> None:
+    """Compact every generation up to ``gen``, the current one, into ``snapshot.<gen + 1>`` (the caller
+    holds ``compact.lock``): start the next journal, seal the old ones, read them (``read(base,
+    journals)``), write the snapshot atomically, then delete the old files. If
+    ``journal.<gen>`` is empty (started by a roll or by a fold that failed on a full disk: retries do not
+    pile up generations), the generations before it go into ``snapshot.<gen>`` instead."""
+    if gen and ops.stat_size(_journal(directory, gen)) == 0:
+        new = gen  # the current journal is new and empty (a roll, a failed fold): fold those before it
+    else:
+        start_next(ops, directory, gen)
+        new = gen + 1
+    found = generations(ops.listdir(directory))
+    if new in found.snapshots:
+        return  # nothing before the current journal
+    base = max((g for g in found.snapshots if g < new), default=0)
+    folded = [g for g in found.journals if base <= g < new]
+    seal(ops, directory, folded)
+    state = read(base, folded)
+    ops.atomic_write(layout.manifest_file(directory, "snapshot", new), encode_snapshot(
+        state.table.items(), state.sessions
+    ))  # fmt: skip
+    del state
+    for kind, gens in (("snapshot", found.snapshots), ("journal", found.journals)):
+        for old in gens:
+            if old < new:
+                _unlink(ops, layout.manifest_file(directory, kind, old))
+    ops.fsync_dir(directory)
+
+
+def _unlink(ops: FileOps, path: str) -> None:
+    try:
+        ops.unlink(path)
+    except FileNotFoundError:
+        pass

@@ -18,27 +18,32 @@ Rules:
   reconciles every conversation with its log, and a conversation touched first is reconciled then; the
   sweep closes the crashed sessions when it is done.
 - Records merge by max (``codec.merged``); the erasure record drops a conversation.
-- Compaction (a background thread): create journal.<N+1>, read snapshot.<N> + journal.<N>, write
-  snapshot.<N+1> (temp + fsync + rename + dir fsync), delete the old files. A writer appends to the newest
-  journal, then re-appends to a newer one if it finds one. Every process that reaches generation N+1
-  re-bases on snapshot.<N+1>. In memory: ``ManifestTable`` (the packed snapshot plus an overlay).
+- Compaction (a background thread, ``journal.fold``): create journal.<N+1>, seal journal.<N>, read
+  snapshot.<N> + journal.<N>, write snapshot.<N+1> (temp + fsync + rename + dir fsync), delete the old
+  files. A writer appends to the journal it holds, then one ``statx`` of its descriptor says whether it
+  is still the current one (``journal.stale``); if not, it finds the newest journal by listing (any number of
+  generations on), catches up and re-appends there. Every process that reaches a newer snapshot re-bases
+  on it. In memory: ``ManifestTable`` (the packed snapshot plus an overlay).
+- A failed journal write or sync may leave torn bytes: the journal is dropped and, before the next
+  record, rolled (``journal.roll``): records never land after torn bytes, and the next compaction folds
+  them away. So is a torn tail found on load.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
-import os
 import threading
-from collections.abc import Callable, Iterator
-
-import filelock
+from collections.abc import Callable
+from typing import TypeVar
 
 from ...core.cursor import CursorCodec, CursorKey
 from ...core.errors import Io
 from ...core.models import ConversationListing, ConversationSummary, micros_to_datetime
 from .. import layout
-from ..fileio import FILE_MODE, FileOps
+from ..fileio import FileOps
 from ..log.conversation import CommitInfo
+from ..statx import Ident
 from .codec import (
     MARK_CLOSE,
     MARK_OPEN,
@@ -51,19 +56,22 @@ from .codec import (
     erased_entry,
     generations,
 )
-from .journal import ActiveJournal, read_tail
+from .compaction import Compactor, compact_locked
+from .journal import open_current, roll, stale
 from .reconcile import Reconciliation, end_session, new_session
-from .snapshot import encode_snapshot
-from .state import DiskState, read_state
+from .state import DiskState, read_state, read_tail
+from .sweep_side import SweepSide
 from .table import ManifestTable
 
 __all__ = ["SiteManifest", "COMPACT_THRESHOLD"]
 
 log = logging.getLogger("logstore")
 COMPACT_THRESHOLD = 4 * 1024 * 1024  # journal bytes before a compaction is scheduled
+_T = TypeVar("_T")
+_RETRIES = 8  # listings before giving up on a manifest that changes under every read (a compaction each)
 
 
-class SiteManifest:
+class SiteManifest(SweepSide):
     def __init__(
         self,
         ops: FileOps,
@@ -87,15 +95,20 @@ class SiteManifest:
         self._marked = self._no_manifest = False
         self._session: Session | None = None  # ours, once its open mark is durable
         self._unwritten: dict[str, Entry] = {}  # applied, but their journal write failed
-        self._gen, self._successor, self._unchecked = 0, (-1, ""), 0  # the last two: see _append_bytes
+        self._faulted = False  # a journal write or sync failed: no clean close mark (the next load sweeps)
+        self._torn: int | None = None  # a journal that may end in torn bytes: roll before appending to it
+        self._gen = 0  # the generation of the journal read (and appended to)
         self._base_gen = -1  # generation of the snapshot the table is based on
-        self._active, self._remark = ActiveJournal(ops), False  # journal.<gen> as we hold it; _replaced
+        self._journal_fd: int | None = None
+        # Which file journal.<gen> was when read or opened: another one there, with no compaction to explain
+        # it, means the manifest was removed and written again (a purge, then the site used again).
+        self._journal_id: tuple[int, int, int] | None = None
+        self._remark = False  # our session's open mark goes to the next journal opened (after a replacement)
         self._read_pos = 0  # bytes of the active journal already applied
         self._loaded = False
         self._damaged = False
         self._reconciliation: Reconciliation | None = None
-        self._compactor: threading.Thread | None = None
-        self._compact_wanted = threading.Event()
+        self._compactor = Compactor(f"logstore-compact-{site}", self.compact)
         self._closed = False
 
     # ------------------------------------------------------------------ loading
@@ -112,7 +125,7 @@ class SiteManifest:
                 self, self._sessions, damaged=self._damaged, marked=self._marked, absent=self._no_manifest
             )
             if self._table.base.version == 1:  # written by release 41344b8: repack it, off this path
-                self._schedule_compaction()
+                self._compactor.schedule()
 
     def _io_error(self, action: str, exc: OSError) -> Io:
         return Io(f"manifest {action} failed for site {self.site}: {exc.strerror or exc}", errno=exc.errno)
@@ -125,14 +138,32 @@ class SiteManifest:
 
     def _load(self) -> None:
         """Memory from the newest snapshot and every journal at or after its generation."""
-        self._active.close()
-        found = self._generations()
+        self._close_journal()
+
+        def read(found: Generations) -> tuple[Generations, tuple[int, int, int] | None, DiskState]:
+            named = self._file_id(found.newest)  # before the read: a replacement meanwhile is seen later
+            return found, named, self._read_state(found.base, found.live_journals)
+
+        found, self._journal_id, state = self._listed(read)
         self._gen = found.newest
-        self._active.seen(self._path("journal", self._gen))
-        state = self._read_state(found.base, found.live_journals)
         self._table, self._sessions, self._read_pos = state.table, state.sessions, state.pos
         self._damaged, self._marked, self._base_gen = state.damaged, state.marked, found.base
         self._no_manifest = not found.base and not found.live_journals
+        if state.torn:  # a crash's torn tail (or a record in flight): no record goes after it
+            self._torn = found.newest
+        if len(found.live_journals) > 1:  # a roll (or a compaction) not folded yet
+            self._compactor.schedule()
+
+    def _listed(self, read: Callable[[Generations], _T]) -> _T:
+        """``read(listing)``; listed and read again if a compaction folded a listed file in between (a
+        vanished file is never taken for an empty or a damaged one)."""
+        for _ in range(_RETRIES):
+            found = self._generations()
+            try:
+                return read(found)
+            except FileNotFoundError:
+                continue
+        raise OSError(errno.ESTALE, f"manifest of site {self.site} changed under {_RETRIES} reads")
 
     def _read_state(self, base: int, journals: list[int]) -> DiskState:
         def discover() -> list[str]:  # a damaged snapshot's last resort: the logs themselves
@@ -140,111 +171,86 @@ class SiteManifest:
 
         return read_state(self.ops, self.directory, base, journals, discover=discover)
 
-    # ------------------------------------------------------------------ reconciliation
-    @property
-    def reconciling(self) -> bool:
-        return self._reconciliation is not None and self._reconciliation.running
-
-    def wait_reconciled(self, timeout: float | None = None) -> bool:
-        """Wait for the background reconciliation (if any); False on timeout."""
-        return self._reconciliation is None or self._reconciliation.wait(timeout)
-
-    def touch(self, cid: str, summary: Callable[[], CommitInfo | None]) -> None:
-        """A conversation's first use: while the sweep runs, reconcile it now from its open handle."""
-        if self._reconciliation is not None and self._reconciliation.running:
-            self._reconciliation.touch(cid, summary)
-
-    def entry(self, cid: str) -> Entry | None:
-        with self._lock:
-            return self._table.get(cid)
-
-    def reconciled(self, cid: str, probed: Entry, info: CommitInfo | None, log_path: str) -> None:
-        """Take in what recovery says of ``cid``'s log (None: no items), ``probed`` being the entry it was
-        compared with. Lowering an entry (log gone or empty) only if no commit changed it meanwhile."""
-        with self._lock:
-            if info is not None:
-                record = Entry(info.created_at, info.last_appended_at, info.log_size, info.next_seq)
-                if self._table.apply(cid, record):
-                    self._append_logged(cid, record)
-            elif self._table.get(cid) != probed:
-                return
-            elif not self.ops.exists(log_path):
-                self._append_logged(cid, erased_entry())  # the log is gone (an interrupted erasure)
-                self._table.apply(cid, erased_entry())
-            else:  # an empty log (cut back by fsck): not listed; fsck rebuilds the manifest
-                self._table.force(cid, Entry(-1, -1, 0, 0))
-
-    def sweep_ids(self) -> Iterator[str]:
-        """Every conversation known now: the base by index (no list of a million ids), then the rest."""
-        with self._lock:
-            base, extra = self._table.base, self._table.added()
-        yield from (base.id_at(i) for i in range(base.count))
-        yield from extra
-
-    def close_sessions(self, dead: set[Session]) -> None:
-        """The sweep is done: make its records durable, then close the crashed sessions (in that order:
-        a close mark must never outlive a record it vouches for)."""
-        with self._lock:
-            if self._closed:
-                return
-            self.begin_writes()  # evidence for the next load, even if nothing needed a record
-            self.ops.fdatasync(self._journal())
-            marks = b"".join(encode_mark(MARK_CLOSE, s) for s in dead)
-            if marks:
-                self._append_bytes(marks, sync=True)
-            self._sessions -= dead
-        log.info("manifest for site %s reconciled with its logs", self.site)
-
     # ------------------------------------------------------------------ journal
     def _path(self, kind: str, gen: int) -> str:
         return layout.manifest_file(self.directory, kind, gen)
 
-    def _journal(self) -> int:
-        active = self._active
-        if active.fd is not None:
-            if active.holds() or self.ops.exists(self._path("journal", self._gen + 1)):
-                return active.fd  # (a compaction's successor: ``_append_bytes`` follows it)
-            self._replaced()
-        self.ops.makedirs_durable(self.directory)
-        while (fd := active.open(self._path("journal", self._gen))) is None:  # None: not what we read
-            self._replaced()
-        # Always, once per journal per process: the creator may have died before its directory fsync,
-        # and creation records synced into an entry that is not durable would vanish with it.
-        self.ops.fsync_dir(self.directory)
-        if self._remark and self._session is not None:
-            self.ops.append(fd, encode_mark(MARK_OPEN, self._session))
-            self.ops.fdatasync(fd)
-        self._remark = False
-        return fd
+    def _close_journal(self) -> None:
+        if self._journal_fd is not None:
+            try:
+                self.ops.close(self._journal_fd)
+            except OSError:
+                pass
+            self._journal_fd = None
 
-    def _replaced(self) -> None:
-        """journal.<gen> is not the file we read or appended to, and no compaction explains it (journal.py):
-        load what is on disk now; our session's open mark goes to the new journal before our next record.
-        Records whose journal write failed were the old files' (no close mark: the next load reconciles)."""
-        log.warning("manifest of site %s was replaced on disk (a purge?): loading it again", self.site)
-        self._load()
-        self._successor, self._remark = (-1, ""), self._session is not None
+    def _journal(self) -> int:
+        """The descriptor records go to: the newest journal, found by listing and confirmed by listing
+        again once open (opened as a compaction started the next one, it would be stale at once). A
+        journal that may end in torn bytes is rolled first."""
+        if self._journal_fd is not None:
+            return self._journal_fd
+        self.ops.makedirs_durable(self.directory)
+        for _ in range(_RETRIES):
+            self._catch_up()
+            if self._torn is not None and self._torn == self._gen:
+                roll(self.ops, self.directory, self._gen)
+                self._torn = None
+                self._compactor.schedule()  # folds the torn journal away
+                continue
+            fd = open_current(self.ops, self.directory, self._gen)
+            if fd is None:
+                continue
+            opened = self.ops.ident(fd).file_id
+            if self._loaded and self._journal_id not in (None, opened):  # not the journal we read
+                self.ops.close(fd)
+                self._replaced()
+                continue
+            self._journal_fd, self._journal_id = fd, opened
+            if self._remark and self._session is not None:  # a crash from here on is seen by the next load
+                self.ops.append(fd, encode_mark(MARK_OPEN, self._session))
+                self.ops.fdatasync(fd)
+            self._remark = False
+            return fd
+        raise OSError(errno.ESTALE, f"no current manifest journal for site {self.site} in {_RETRIES} tries")
 
     def _append_bytes(self, data: bytes, *, sync: bool = False) -> None:
-        """Append to the newest journal; if a compactor started a newer one meanwhile, append there too."""
+        """Append to the current journal, never to one nobody reads any more: after each write one
+        ``statx`` of the descriptor says whether it is still current (``journal.stale``); if not, catch up
+        to the newest journal by listing and append there too (a duplicate merges away). A failed write
+        or sync drops the descriptor and marks the journal torn: the next append rolls to a new one."""
         try:
-            while True:
+            for _ in range(_RETRIES):
                 fd = self._journal()
-                self.ops.append(fd, data)
-                if sync:
-                    self.ops.fdatasync(fd)
-                if self._successor[0] != self._gen:  # a compactor's next journal: one path per generation
-                    self._successor = (self._gen, self._path("journal", self._gen + 1))
-                if not self.ops.exists(self._successor[1]):
-                    break
-                self._catch_up()  # moves self._gen forward (and re-reads what others wrote)
-            self._unchecked = (self._unchecked + 1) % 32  # the size only decides when to compact:
-            size = self.ops.size(fd) if not self._unchecked else 0  # an fstat every 32 records
+                try:
+                    self.ops.append(fd, data)
+                    held = self.ops.ident(fd)
+                    if stale(held) and self._moved(held):
+                        continue
+                    if sync:
+                        self.ops.fdatasync(fd)
+                except OSError:
+                    self._faulted, self._torn = True, self._gen
+                    raise
+                break
+            else:
+                raise OSError(errno.ESTALE, f"manifest journal of site {self.site} moved {_RETRIES} times")
         except OSError as exc:
-            self._active.close()
+            self._close_journal()
             raise self._io_error("write", exc) from exc
-        if size > COMPACT_THRESHOLD:
-            self._schedule_compaction()
+        if held.size > COMPACT_THRESHOLD:
+            self._compactor.schedule()
+
+    def _moved(self, held: Ident) -> bool:
+        """After a write to a journal that looks sealed or deleted: catch up; True if the record must go
+        again (a newer journal, or this one deleted), False if nothing newer is listed (listing decides)."""
+        gen = self._gen
+        self._catch_up()
+        if self._gen != gen:
+            return True
+        if held.nlink == 0:  # deleted with nothing newer: open it anew
+            self._close_journal()
+            return True
+        return False
 
     def _append_record(self, cid: str, entry: Entry, *, sync: bool = False) -> None:
         self._append_bytes(encode_record(cid, entry), sync=sync)
@@ -258,12 +264,6 @@ class SiteManifest:
             self._unwritten[cid] = entry
             log.warning("%s", exc)
 
-    def _seek_newest(self) -> None:
-        """Position on the newest journal without loading (the erasure tool's never-loaded manifest)."""
-        if not self._loaded and self._active.fd is None:
-            self._gen = self._generations().newest
-            self._read_pos = self.ops.stat_size(self._path("journal", self._gen)) or 0
-
     def begin_writes(self) -> None:
         """Before this store's first log write (creation, commit, erasure): the session's open mark,
         fdatasynced, so that a crash from here on is seen by the next load."""
@@ -271,7 +271,6 @@ class SiteManifest:
             return
         with self._lock:
             if self._session is None:
-                self._seek_newest()
                 session = new_session()
                 self._append_bytes(encode_mark(MARK_OPEN, session), sync=True)
                 self._session = session
@@ -305,36 +304,72 @@ class SiteManifest:
         removed the log first, so the manifest still lists every log on disk (manifest ⊇ logs). Works on a
         manifest that was never loaded (the CLI): the record goes to the newest journal."""
         with self._lock:
-            self._seek_newest()
             self._append_record(cid, erased_entry(), sync=True)
             self._table.apply(cid, erased_entry())
 
     def _catch_up(self) -> None:
-        """Apply records other processes appended; follow compactions to newer journals (re-basing on
-        the new snapshot once it is there)."""
-        while True:
-            self._active.track(self._path("journal", self._gen))  # which file we read (journal.py)
-            data = read_tail(self.ops, self._path("journal", self._gen), self._read_pos)
-            if data:
-                decoded = decode_journal(data)
-                for cid, entry in decoded.records:
-                    self._table.apply(cid, entry)
-                self._read_pos += decoded.pos
-            if not self.ops.exists(self._path("journal", self._gen + 1)):
-                break
-            self._active.close()
-            self._gen += 1
-            self._read_pos = 0
-        if self._base_gen < self._gen and self.ops.exists(self._path("snapshot", self._gen)):
-            self._rebase()
+        """Apply records other processes appended; follow compactions and rolls to the newest journal,
+        found by listing however many generations on (a deleted journal is not read: the newer snapshot
+        holds it). A manifest never loaded (the erasure tool) is only positioned on the newest journal."""
+        self._listed(self._advance)
 
-    def _rebase(self) -> None:
-        """Memory from snapshot.<gen> + journal.<gen> (what a fresh load reads): the overlay shrinks back
-        to what changed since the compaction. Records whose journal write failed are applied again."""
-        state = self._read_state(self._gen, [self._gen])
+    def _advance(self, found: Generations) -> None:
+        named = self._file_id(self._gen)
+        # Another file there, or ours gone with nothing newer listed (a compaction starts the next journal
+        # before it deletes one): the manifest was removed, and maybe written again.
+        other = self._journal_id not in (None, named) and (named is not None or found.newest <= self._gen)
+        if self._loaded and (found.newest < self._gen or other):
+            self._replaced()
+            return
+        self._journal_id = self._journal_id or named
+        if found.newest != self._gen:
+            self._close_journal()
+        if not self._loaded:
+            self._gen, self._read_pos, self._journal_id = found.newest, 0, self._file_id(found.newest)
+        elif found.base > self._base_gen:
+            self._rebase(found)
+        else:
+            self._apply_journal(self._gen, strict=False)  # gone only if nothing wrote it yet
+            for gen in found.live_journals:
+                if gen > self._gen:
+                    self._gen, self._read_pos, self._journal_id = gen, 0, self._file_id(gen)
+                    self._apply_journal(gen, strict=True)
+
+    def _rebase(self, found: Generations) -> None:
+        """Memory from the newest snapshot and its journals (what a fresh load reads): the overlay shrinks
+        back to what changed since the compaction. Records whose journal write failed are applied again."""
+        self._journal_id = self._file_id(found.newest)
+        state = self._read_state(found.base, found.live_journals)
         for cid, entry in self._unwritten.items():
             state.table.apply(cid, entry)
-        self._table, self._base_gen, self._read_pos = state.table, self._gen, state.pos
+        self._table, self._base_gen, self._read_pos = state.table, found.base, state.pos
+        self._gen = found.newest
+
+    def _replaced(self) -> None:
+        """The manifest on disk is not the one we read (``_journal_id``): load it again. Records whose
+        journal write failed were the old files' (no clean close mark: the next load reconciles)."""
+        log.warning("manifest of site %s was replaced on disk (a purge?): loading it again", self.site)
+        self._load()
+        self._remark = self._session is not None
+
+    def _file_id(self, gen: int) -> tuple[int, int, int] | None:
+        named = self.ops.ident_at(self._path("journal", gen))
+        return None if named is None else named.file_id
+
+    def _apply_journal(self, gen: int, *, strict: bool) -> None:
+        """Apply the records of ``journal.<gen>`` after ``_read_pos`` (FileNotFoundError if it is gone and
+        ``strict``)."""
+        try:
+            data = read_tail(self.ops, self._path("journal", gen), self._read_pos)
+        except FileNotFoundError:
+            if strict:
+                raise
+            return
+        if data:
+            decoded = decode_journal(data)
+            for cid, entry in decoded.records:
+                self._table.apply(cid, entry)
+            self._read_pos += decoded.pos
 
     # ------------------------------------------------------------------ listing
     def list_page(self, cursor: str | None, limit: int) -> ConversationListing:
@@ -359,91 +394,37 @@ class SiteManifest:
         return ConversationListing(summaries, self._cursors.next_cursor(cursor, end, has_more=has_more))
 
     def _refresh(self) -> None:
-        """Cheap check for other processes' records: one stat of the active journal (still ours?)."""
-        ours, size = self._active.check()
-        if not ours and not self.ops.exists(self._path("journal", self._gen + 1)):
-            self._replaced()
-            return
-        if (
-            (size is not None and size > self._read_pos)
-            or self.ops.exists(self._path("journal", self._gen + 1))
-            or self._base_gen < self._gen
-        ):
+        """Cheap check for other processes' records: one stat of the active journal (its size: records
+        appended; its mode and link count: a newer generation, ``journal.stale``)."""
+        named = self.ops.ident_at(self._path("journal", self._gen))
+        if named is None or stale(named) or self._base_gen < self._gen or named.file_id != self._journal_id:
             self._catch_up()
+        elif named.size > self._read_pos:  # still the current journal: only its new bytes
+            self._apply_journal(self._gen, strict=False)
 
     # ------------------------------------------------------------------ compaction
-    def _schedule_compaction(self) -> None:
-        if self._compactor is None or not self._compactor.is_alive():
-            self._compactor = threading.Thread(
-                target=self._compaction_loop, name=f"logstore-compact-{self.site}", daemon=True
-            )
-            self._compactor.start()
-        self._compact_wanted.set()
-
-    def _compaction_loop(self) -> None:
-        while not self._closed:
-            if not self._compact_wanted.wait(timeout=1.0):
-                continue
-            self._compact_wanted.clear()
-            if self._closed:
-                return
-            try:
-                self.compact()
-            except Exception:  # noqa: BLE001 - compaction is an optimisation; the journal stays valid
-                log.exception("manifest compaction failed for site %s", self.site)
-
     def compact(self) -> bool:
-        """Fold the active journal into a new snapshot. Returns False if another process is compacting."""
-        lock = filelock.FileLock(
-            os.path.join(self.directory, layout.COMPACT_LOCK), mode=FILE_MODE, timeout=0, thread_local=False,
-            fallback_to_soft=False, preserve_lock_file=True,
-        )  # fmt: skip
-        try:
-            lock.acquire()
-        except filelock.Timeout:
-            return False
-        try:
-            with self._lock:
-                self._catch_up()
-                gen = self._gen
-            new_journal = self._path("journal", gen + 1)
-            fd = self.ops.open(new_journal, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-            self.ops.close(fd)
-            self.ops.fsync_dir(self.directory)
-            # State as of snapshot.<gen> + journal.<gen>, read from disk (includes other processes).
-            found = self._generations()
-            base = max((g for g in found.snapshots if g <= gen), default=0)
-            journals = [g for g in found.journals if base <= g <= gen]
-            state = self._read_state(base, journals)
-            snapshot = encode_snapshot(state.table.items(), state.sessions)
-            del state
-            self.ops.atomic_write(self._path("snapshot", gen + 1), snapshot)
-            for old in (self._path("journal", gen), self._path("snapshot", gen)):
-                if self.ops.exists(old):
-                    self.ops.unlink(old)
-            self.ops.fsync_dir(self.directory)
-            with self._lock:
-                self._catch_up()
-            return True
-        finally:
-            lock.release()
+        """Fold the journals into a new snapshot. Returns False if another process is compacting."""
+        return compact_locked(self.ops, self.directory, caught_up=self._caught_up, read=self._read_state)
+
+    def _caught_up(self) -> int:
+        with self._lock:
+            self._catch_up()
+            return self._gen
 
     def close(self) -> None:
         """Stop the background threads; after a clean run, the session's close mark (fdatasynced)."""
         self._closed = True
-        self._compact_wanted.set()
         if self._reconciliation is not None:
             self._reconciliation.stop()
-        compactor = self._compactor
-        if compactor is not None and compactor is not threading.current_thread():
-            compactor.join()  # a compaction in flight finishes before the store's files are let go
+        self._compactor.close()  # a compaction in flight finishes before the store's files are let go
         with self._lock:
             session, self._session = self._session, None
             if session is not None:
                 end_session(session)
-            if session is not None and not self._unwritten:
+            if session is not None and not self._unwritten and not self._faulted:
                 try:
                     self._append_bytes(encode_mark(MARK_CLOSE, session), sync=True)
                 except Io as exc:  # the next load reconciles: the only cost of a missing close mark
                     log.warning("%s", exc)
-            self._active.close()
+            self._close_journal()
