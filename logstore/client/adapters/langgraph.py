@@ -31,7 +31,7 @@ import base64
 import logging
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -312,6 +312,9 @@ class LogstoreSaver(ServerCalls, BaseCheckpointSaver[int]):
         """The newest checkpoint item's seq, and the items from it to the tail: recall the tail, and only
         if no checkpoint is in it, page back (never before a ``deleted`` marker)."""
         items = Items(self.serde.loads_typed)
+        known = self._latest.get(conv)
+        for channel, slot in (known.slots if known is not None else {}).items():
+            items.know(slot.at, channel, slot.value)
         page: Sequence[MemoryItem] = await self._retrying(aio.recall, conv, TAIL)
         while True:
             for item in page:
@@ -350,6 +353,15 @@ class LogstoreSaver(ServerCalls, BaseCheckpointSaver[int]):
             pending_writes=writes,
         )
 
+    @staticmethod
+    def _slot(items: Items, known: _Latest | None, seq: int, channel: str) -> Slot:
+        """What to remember of ``channel`` at ``seq``: what was remembered, when its value is the same."""
+        pointer = items.by_seq[seq]["ch"][channel]
+        last = known.slots.get(channel) if known is not None else None
+        if last is not None and last.at == pointer.get("at", seq):
+            return replace(last, version=pointer["v"])
+        return items.slot_of(seq, channel)
+
     async def _get_tuple(self, aio: AsyncClient, config: RunnableConfig) -> CheckpointTuple | None:
         thread_id = config["configurable"]["thread_id"]
         ns = config["configurable"].get("checkpoint_ns", "")
@@ -362,10 +374,13 @@ class LogstoreSaver(ServerCalls, BaseCheckpointSaver[int]):
         items, seq = newest
         if wanted is None or items.by_seq[seq]["id"] == wanted:
             after = [(s, p) for s, p in sorted(items.by_seq.items()) if s > seq]
-            found = await self._decode(
-                aio, conv, items, lambda: self._tuple(items, seq, thread_id, ns, after)
-            )
-            slots = {ch: items.slot_of(seq, ch) for ch in items.by_seq[seq]["ch"]}
+            known = self._latest.get(conv)
+
+            def build() -> tuple[CheckpointTuple, dict[str, Slot]]:
+                found = self._tuple(items, seq, thread_id, ns, after)
+                return found, {ch: self._slot(items, known, seq, ch) for ch in items.by_seq[seq]["ch"]}
+
+            found, slots = await self._decode(aio, conv, items, build)
             self._remember(conv, _Latest(seq, items.by_seq[seq]["id"], slots))
             return found  # type: ignore[no-any-return]
         matches: Tuples = await self._list(aio, config, None, None, None, only=wanted)

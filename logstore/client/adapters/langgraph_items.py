@@ -114,6 +114,11 @@ class Items:
     def add(self, seq: int, payload: dict[str, Any]) -> None:
         self.by_seq[seq] = payload
 
+    def know(self, seq: int, channel: str, value: Any) -> None:
+        """The value stored at ``seq`` for ``channel`` is known (the saver wrote or read it): neither it
+        nor what it was built from is fetched or decoded again."""
+        self._values[(seq, channel)] = value
+
     def _item(self, seq: int) -> dict[str, Any]:
         item = self.by_seq.get(seq)
         if item is None:
@@ -134,9 +139,10 @@ class Items:
         base = record.get("base")
         if base is None:
             return value
-        missing = {s for s in record.get("chain", ()) if s not in self.by_seq}
-        if missing:  # fetch the whole chain at once, not one link per round trip
-            raise MissingItems(missing)
+        if (base[0], base[1]) not in self._values:
+            missing = {s for s in record.get("chain", ()) if s not in self.by_seq}
+            if missing:  # fetch the whole chain at once, not one link per round trip
+                raise MissingItems(missing)
         return [*self.channel_value(base[0], base[1]), *value]
 
     def channel_value(self, seq: int, channel: str) -> Any:
