@@ -12,7 +12,7 @@ pytest.importorskip("langgraph.checkpoint.conformance")
 
 from logstore.client import AsyncClient, Client  # noqa: E402
 from logstore.client.adapters.langgraph import LogstoreSaver  # noqa: E402
-from tests.client_support import PASSWORD, SITE, Restartable, add_site  # noqa: E402
+from tests.client_support import PASSWORD, SITE, CountingReads, Restartable, add_site  # noqa: E402
 
 
 @pytest.fixture(scope="module", params=["file", "postgres"])
@@ -81,24 +81,6 @@ def _chat_graph(saver, on_step=None):
     return builder.compile(checkpointer=saver)
 
 
-class Counting:
-    """Wraps a client's reads: how many items each read returned."""
-
-    def __init__(self, client: Client) -> None:
-        self.items_read = 0
-        aio = client.aio
-        for name in ("recall", "replay"):
-            setattr(aio, name, self._counted(getattr(aio, name)))
-
-    def _counted(self, fn):
-        async def counted(*args):
-            got = await fn(*args)
-            self.items_read += len(got)
-            return got
-
-        return counted
-
-
 def test_a_step_appends_its_new_messages(server):
     """40 turns: the last 15 append about the history's size in all; rewriting the state each step would
     append it 30 times (2 checkpoints a turn). The conversation id does not show the thread id."""
@@ -135,7 +117,7 @@ def test_a_cold_read_takes_the_tail(server):
         total = sum(1 for _ in client.iter_replay(LogstoreSaver(client).conversation_of(config)))
 
     with server.client() as client:
-        counting = Counting(client)
+        counting = CountingReads(client.aio)
         graph = _chat_graph(LogstoreSaver(client, max_chain=4))
         messages = graph.get_state(config).values["messages"]
         assert [m.content for m in messages[:2]] == ["message 0", "reply to message 0"]

@@ -1,0 +1,178 @@
+"""The adapters' idioms (issue 36 §3: session_id first, ``from_url``, ``close``/``aclose``, an
+``AsyncClient`` accepted, a first ``get_items(limit)`` that reads the tail) and their reads' promises (§2:
+a turn completes from the held history while the server is down; a read flushes only its conversation)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import logstore.client
+from logstore.client import AsyncClient, Client
+from logstore.client.adapters.markers import CLEAR, POP, MarkerLog, fold, new_session_id
+from logstore.core.models import MemoryItem
+from tests.client_support import PASSWORD, SITE, CountingReads, running
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with running(tmp_path_factory.mktemp("idioms")) as server:
+        yield server
+
+
+def test_dir_lists_the_client_names():
+    names = dir(logstore.client)
+    assert {"Client", "AsyncClient", "BackgroundWriter", "WriterOptions", "Failure"} <= set(names)
+
+
+def test_langchain_history_takes_session_id_first_from_url_and_closes(server):
+    pytest.importorskip("langchain_core")
+    from langchain_core.messages import HumanMessage
+
+    from logstore.client.adapters.langchain import LogstoreChatMessageHistory
+
+    sid = new_session_id()
+    history = LogstoreChatMessageHistory.from_url(sid, server.url, site=SITE, password=PASSWORD)
+    history.add_messages([HumanMessage("hi")])
+    assert [m.content for m in history.messages] == ["hi"]
+    client = history.log.client
+    assert isinstance(client, Client) and client._portal is not None
+    history.close()
+    assert client._portal is None and client.aio._transport is None  # from_url's client is closed
+    with Client.http(server.url, site=SITE, password=PASSWORD) as c:
+        assert [m.content for m in LogstoreChatMessageHistory(sid, c).messages] == ["hi"]  # session_id first
+        assert [m.content for m in LogstoreChatMessageHistory(c, sid).messages] == ["hi"]  # the older order
+        LogstoreChatMessageHistory(sid, c).close()  # a client passed in is the caller's: still usable
+        assert c.recall(sid, 10)[0].payload["type"] == "human"
+
+
+def test_openai_session_on_an_async_client(server):
+    pytest.importorskip("agents")
+    from logstore.client.adapters.openai_agents import LogstoreSession
+
+    async def use() -> None:
+        async with AsyncClient.http(server.url, site=SITE, password=PASSWORD) as client:
+            session = LogstoreSession(new_session_id(), client)
+            await session.add_items([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}])
+            assert await session.get_items() == [
+                {"role": "user", "content": "a"},
+                {"role": "assistant", "content": "b"},
+            ]
+            assert await session.pop_item() == {"role": "assistant", "content": "b"}
+            assert await session.get_items(1) == [{"role": "user", "content": "a"}]
+            await session.clear_session()
+            assert await session.get_items() == []
+            with pytest.raises(TypeError):  # the sync face needs a Client
+                session.log.live()
+        own = LogstoreSession.from_url(new_session_id(), server.url, site=SITE, password=PASSWORD)
+        await own.add_items([{"role": "user", "content": "x"}])
+        assert await own.get_items() == [{"role": "user", "content": "x"}]
+        await own.aclose()
+        assert own.log.client._transport is None  # type: ignore[union-attr]
+
+    asyncio.run(use())
+
+
+def test_the_first_get_items_with_a_limit_reads_the_tail(server):
+    pytest.importorskip("agents")
+    from logstore.client.adapters.openai_agents import LogstoreSession
+
+    sid = new_session_id()
+    with server.client() as c:
+        for start in range(0, 3000, 250):
+            c.append(sid, [{"role": "user", "content": str(i)} for i in range(start, start + 250)])
+        c.append(sid, [POP])
+
+    async def read() -> tuple[list, int]:
+        async with AsyncClient.http(server.url, site=SITE, password=PASSWORD) as client:
+            counting = CountingReads(client)
+            items = await LogstoreSession(sid, client).get_items(3)
+            return items, counting.items_read
+
+    items, read_count = asyncio.run(read())
+    assert [i["content"] for i in items] == ["2996", "2997", "2998"]
+    assert read_count <= 50, read_count  # the whole log is 3001 items
+
+
+class _FakeLog:
+    """recall/replay over a list: the backward fold without a server."""
+
+    def __init__(self, payloads: list[dict]) -> None:
+        from datetime import UTC, datetime
+
+        now = datetime.now(UTC)
+        self.items = [MemoryItem(seq=i, recorded_at=now, payload=p) for i, p in enumerate(payloads)]
+
+    async def recall(self, cid: str, count: int) -> list[MemoryItem]:
+        return self.items[-count:] if count else []
+
+    async def replay(self, cid: str, offset: int, limit: int) -> list[MemoryItem]:
+        return self.items[offset : offset + limit]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.sampled_from(["d", "d", "d", "pop", "clear"]), max_size=2500),
+    st.integers(min_value=0, max_value=1200),
+)
+def test_the_tail_fold_equals_the_forward_fold(kinds, limit):
+    payloads = [CLEAR if k == "clear" else POP if k == "pop" else {"n": i} for i, k in enumerate(kinds)]
+    forward: list[dict] = []
+    fold(forward, payloads)
+    log = MarkerLog.__new__(MarkerLog)
+    log.conversation_id = "fake-conversation"
+    tail = asyncio.run(log._tail(_FakeLog(payloads), limit))  # type: ignore[arg-type]
+    assert tail == (forward[-limit:] if limit else [])
+
+
+def test_a_read_with_the_server_down_serves_the_held_history(server, caplog):
+    """The server is killed: the next turn's read does not raise, it serves the history read before plus
+    this history's writes not confirmed, and logs a warning."""
+    pytest.importorskip("langchain_core")
+    from langchain_core.messages import AIMessage, HumanMessage
+
+    from logstore.client import WriterOptions
+    from logstore.client.adapters.langchain import LogstoreChatMessageHistory
+
+    client = Client.http(
+        server.url, site=SITE, password=PASSWORD, writer_options=WriterOptions(retry_for=None)
+    )
+    history = LogstoreChatMessageHistory(new_session_id(), client, flush_timeout=0.5)
+    history.add_messages([HumanMessage("q1"), AIMessage("a1")])
+    assert [m.content for m in history.messages] == ["q1", "a1"]
+    server.kill()
+    try:
+        history.add_messages([HumanMessage("q2")])
+        with caplog.at_level(logging.WARNING, logger="logstore.client"):
+            assert [m.content for m in history.messages] == ["q1", "a1", "q2"]
+        assert any("served from this process" in r.getMessage() for r in caplog.records)
+    finally:
+        server.start()
+    history.log.flush_timeout = 60.0
+    assert [m.content for m in history.messages] == ["q1", "a1", "q2"]  # the writer delivered it
+    client.close()
+
+
+def test_a_read_flushes_only_its_own_conversation(server):
+    """A read waits for this conversation's batches only, and does not read past a flush that failed."""
+    sid = new_session_id()
+    with server.client() as client:
+        writer = client.aio.writer
+        calls: list[str | None] = []
+        real = writer.flush
+
+        def flush(timeout=None, conversation_id=None):
+            calls.append(conversation_id)
+            if conversation_id is None:  # another conversation's batch that never settles
+                return False
+            return real(timeout, conversation_id)
+
+        writer.flush = flush  # type: ignore[method-assign]
+        log = MarkerLog(client, sid, flush_timeout=30.0)
+        log.append([{"n": 1}])
+        assert log.live() == [{"n": 1}]
+        assert calls == [sid]
