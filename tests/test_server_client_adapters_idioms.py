@@ -176,3 +176,38 @@ def test_a_read_flushes_only_its_own_conversation(server):
         log.append([{"n": 1}])
         assert log.live() == [{"n": 1}]
         assert calls == [sid]
+
+
+def test_append_nowait_does_not_wait_for_the_spool_rewrite(server, tmp_path, monkeypatch):
+    """The writer's spool rewrite is held inside its fsync: an append_nowait meanwhile returns (it waited
+    for the writer's lock before), and its batch is stored once the rewrite goes on."""
+    import threading
+
+    from logstore.client import WriterOptions
+    from logstore.client import spool as spool_module
+
+    entered, release = threading.Event(), threading.Event()
+    real = spool_module._durable
+
+    def held(fd: int) -> None:
+        if threading.current_thread().name == "logstore-writer" and not entered.is_set():
+            entered.set()
+            release.wait()
+        real(fd)
+
+    monkeypatch.setattr(spool_module, "_durable", held)
+    options = WriterOptions(spool=str(tmp_path / "agent.spool"), spool_reset_bytes=1)
+    client = Client.http(server.url, site=SITE, password=PASSWORD, writer_options=options)
+    sid = new_session_id()
+    try:
+        client.append_nowait(sid, [{"n": 0}])  # settles, the spool passes 1 byte: the rewrite starts
+        assert entered.wait(60)
+        returned = threading.Event()
+        threading.Thread(target=lambda: (client.append_nowait(sid, [{"n": 1}]), returned.set())).start()
+        assert returned.wait(30), "append_nowait waited for the spool rewrite"
+    finally:
+        release.set()
+    assert client.flush(60)
+    client.close()
+    with server.client() as c:
+        assert [i.payload for i in c.iter_replay(sid)] == [{"n": 0}, {"n": 1}]

@@ -91,6 +91,7 @@ class BackgroundWriter:
         self.stats = WriterStats()
         self._closing = False
         self._waiting = False
+        self._resetting = False  # a spool rewrite is running (outside the lock)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
         self._abandon: asyncio.Event | None = None
@@ -315,6 +316,7 @@ class BackgroundWriter:
                 self._settle(batch, failure)
 
     def _settle(self, batch: _Batch, failure: Failure | None) -> None:
+        reset: tuple[list[tuple[int, SpooledBatch]], dict[str, int]] | None = None
         with self._lock:
             s = self._s
             s.queues[batch.conversation_id].popleft()
@@ -323,18 +325,46 @@ class BackgroundWriter:
             if self._spool is not None:
                 self._spool.done(batch.id, batch.conversation_id, s.positions.get(batch.conversation_id))
                 size = self._spool.size
-                if (
-                    not s.count and size > self.options.spool_reset_bytes
-                ) or size > self.options.spool_max_bytes:
+                if not self._resetting and (
+                    (not s.count and size > self.options.spool_reset_bytes)
+                    or size > self.options.spool_max_bytes
+                ):
                     pending = [
                         (b.id, SpooledBatch(b.conversation_id, b.items_json))
                         for q in s.queues.values()
                         for b in q
                     ]
-                    self._spool.reset(pending, s.positions)
+                    reset = pending, dict(s.positions)
+                    self._resetting = True
+                    self._spool.begin_reset()
             self._settled.notify_all()
+        if reset is not None:
+            self._reset_spool(*reset)
         if failure is not None:
             self._report(failure)
+
+    def _reset_spool(self, pending: list[tuple[int, SpooledBatch]], positions: dict[str, int]) -> None:
+        """Rewrite the spool with what is pending, its file I/O and fsyncs outside the lock (an ``append``
+        meanwhile writes to the old file and is copied over: ``Spool.begin_reset``)."""
+        spool = self._spool
+        assert spool is not None
+        try:
+            spool.write_reset(pending, positions)
+            while True:
+                with self._lock:
+                    records = spool.take_since()
+                    if not records:
+                        spool.finish_reset()
+                        break
+                spool.append_reset(records)
+            spool.fsync_dir()
+        except OSError:
+            log.exception("spool %s: rewrite failed; the old file stays in use", spool.path)
+            with self._lock:
+                spool.abort_reset()
+        finally:
+            with self._lock:
+                self._resetting = False
 
     async def _deliver(self, client: ToolCalls, batch: _Batch) -> Failure | None:
         """Store ``batch`` once: None when stored, else why not (ABANDONED: close() gave up waiting)."""
