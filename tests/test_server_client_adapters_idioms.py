@@ -211,3 +211,24 @@ def test_append_nowait_does_not_wait_for_the_spool_rewrite(server, tmp_path, mon
     client.close()
     with server.client() as c:
         assert [i.payload for i in c.iter_replay(sid)] == [{"n": 0}, {"n": 1}]
+
+
+def test_the_readme_client_snippet_runs(server, tmp_path):
+    """README's client snippet runs as printed, given a server's URL and password."""
+    import re
+    import subprocess
+    import sys
+
+    from tests.server_support import REPO
+
+    text = (REPO / "README.md").read_text()
+    [snippet] = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "logstore.client" in b]
+    snippet = snippet.replace("http://127.0.0.1:8765/mcp", server.url).replace(
+        'site="local"', f'site="{SITE}"'
+    )
+    snippet = snippet.replace('password="..."', f'password="{PASSWORD}"') + "\nprint(history)\n"
+    script = tmp_path / "readme_client.py"
+    script.write_text(snippet)
+    run = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "[{'role': 'user', 'text': 'hi'}]"
