@@ -232,3 +232,32 @@ def test_the_readme_client_snippet_runs(server, tmp_path):
     run = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "[{'role': 'user', 'text': 'hi'}]"
+
+
+def test_a_read_does_not_wait_for_a_server_that_is_down(server):
+    """Once the writer is retrying this conversation's batch (the server is down), a read serves the held
+    history at once instead of waiting ``flush_timeout`` (an hour here) for the server."""
+    import threading
+
+    pytest.importorskip("agents")
+    from logstore.client.adapters.openai_agents import LogstoreSession
+    from tests.helpers import wait_until
+
+    client = Client.http(server.url, site=SITE, password=PASSWORD)
+    session = LogstoreSession(new_session_id(), client, flush_timeout=3600.0)
+    asyncio.run(session.add_items([{"role": "user", "content": "q1"}]))
+    assert asyncio.run(session.get_items()) == [{"role": "user", "content": "q1"}]
+    server.kill()
+    try:
+        asyncio.run(session.add_items([{"role": "user", "content": "q2"}]))
+        wait_until(lambda: client.writer.failing(session.session_id), timeout=60, what="the writer retrying")
+        got: list = []
+        reader = threading.Thread(target=lambda: got.append(asyncio.run(session.get_items())), daemon=True)
+        reader.start()
+        reader.join(60)
+        assert got == [[{"role": "user", "content": "q1"}, {"role": "user", "content": "q2"}]]
+    finally:
+        server.start()
+    client.close()
+    with server.client() as c:
+        assert [i.payload["content"] for i in c.iter_replay(session.session_id)] == ["q1", "q2"]

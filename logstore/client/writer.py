@@ -92,6 +92,7 @@ class BackgroundWriter:
         self._closing = False
         self._waiting = False
         self._resetting = False  # a spool rewrite is running (outside the lock)
+        self._failing: set[str] = set()  # conversations whose batch in flight last failed, retryable
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
         self._abandon: asyncio.Event | None = None
@@ -178,6 +179,12 @@ class BackgroundWriter:
 
     def has_pending(self, conversation_id: str) -> bool:
         return bool(self._s.queues.get(conversation_id))
+
+    def failing(self, conversation_id: str) -> bool:
+        """The last attempt to send this conversation's oldest batch failed and is being retried (the
+        server unreachable, restarting, overloaded): a flush would wait for the server, not for us."""
+        with self._lock:
+            return conversation_id in self._failing
 
     def flush(self, timeout: float | None = None, conversation_id: str | None = None) -> bool:
         """Wait until every batch handed over so far (of ``conversation_id`` only, if given) is settled:
@@ -320,6 +327,7 @@ class BackgroundWriter:
         with self._lock:
             s = self._s
             s.queues[batch.conversation_id].popleft()
+            self._failing.discard(batch.conversation_id)
             s.count -= 1
             s.bytes -= len(batch.items_json)
             if self._spool is not None:
@@ -392,6 +400,8 @@ class BackgroundWriter:
                 if not exc.retryable:
                     return Failure(cid, batch.items_json, Disposition.REJECTED, exc)
                 error: BaseException = exc
+                with self._lock:
+                    self._failing.add(cid)
                 if outcome_of(exc) == UNKNOWN:
                     batch.unknown = True
                     self.stats.unknown += 1

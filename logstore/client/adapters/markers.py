@@ -140,6 +140,8 @@ class MarkerLog:
         """The items not cleared or popped, oldest first (a copy); the last ``limit`` of them if given."""
         client = self._sync_client()
         mine = len(self._mine)
+        if self._failing(client.aio):
+            return self._offline(limit, "the server is unreachable: this conversation's writes are retried")
         if not client.flush(self.flush_timeout, conversation_id=self.conversation_id):
             return self._offline(limit, "this conversation's writes did not settle within flush_timeout")
         try:
@@ -184,6 +186,8 @@ class MarkerLog:
         if isinstance(client, Client):
             return await anyio.to_thread.run_sync(self.live, limit)
         mine = len(self._mine)
+        if self._failing(client):
+            return self._offline(limit, "the server is unreachable: this conversation's writes are retried")
         if not await client.flush(self.flush_timeout, conversation_id=self.conversation_id):
             return self._offline(limit, "this conversation's writes did not settle within flush_timeout")
         try:
@@ -211,7 +215,14 @@ class MarkerLog:
         else:
             await self.client.aclose()
 
-    # -- reading -----------------------------------------------------------------------------------
+    # -- reading ----------------------------------------------------------------------------------
+
+    def _failing(self, aio: AsyncClient) -> bool:
+        """The writer is retrying this conversation's batch: a flush would wait the whole flush_timeout."""
+        writer = aio._writer
+        return writer is not None and writer.failing(self.conversation_id)
+
+    # -- reading the server --------------------------------------------------------------------------
 
     async def _read(self, aio: AsyncClient, limit: int | None, mine: int) -> Payloads:
         """Catch the fold up (or, before any full read, fold the tail backwards); ``mine``: how many of
