@@ -23,6 +23,7 @@ import fcntl
 import logging
 import os
 import struct
+import threading
 from dataclasses import dataclass
 
 import crc32c
@@ -177,6 +178,27 @@ class Spool:
 
     def fsync_dir(self) -> None:
         _fsync_dir(self.path)
+
+    def reset_beside(
+        self, lock: threading.Lock, pending: list[tuple[int, SpooledBatch]], positions: dict[str, int]
+    ) -> None:
+        """The writer's reset, begun (``begin_reset``) under its ``lock``: the file I/O and fsyncs outside
+        it, so an ``append`` meanwhile writes to the old file and is copied over. A failure leaves the old
+        file in use (logged)."""
+        try:
+            self.write_reset(pending, positions)
+            while True:
+                with lock:
+                    records = self.take_since()
+                    if not records:
+                        self.finish_reset()
+                        break
+                self.append_reset(records)
+            self.fsync_dir()
+        except OSError:
+            log.exception("spool %s: rewrite failed; the old file stays in use", self.path)
+            with lock:
+                self.abort_reset()
 
     # -- the writer's calls -----------------------------------------------------------------------
 

@@ -352,24 +352,9 @@ class BackgroundWriter:
             self._report(failure)
 
     def _reset_spool(self, pending: list[tuple[int, SpooledBatch]], positions: dict[str, int]) -> None:
-        """Rewrite the spool with what is pending, its file I/O and fsyncs outside the lock (an ``append``
-        meanwhile writes to the old file and is copied over: ``Spool.begin_reset``)."""
-        spool = self._spool
-        assert spool is not None
+        assert self._spool is not None
         try:
-            spool.write_reset(pending, positions)
-            while True:
-                with self._lock:
-                    records = spool.take_since()
-                    if not records:
-                        spool.finish_reset()
-                        break
-                spool.append_reset(records)
-            spool.fsync_dir()
-        except OSError:
-            log.exception("spool %s: rewrite failed; the old file stays in use", spool.path)
-            with self._lock:
-                spool.abort_reset()
+            self._spool.reset_beside(self._lock, pending, positions)
         finally:
             with self._lock:
                 self._resetting = False

@@ -31,7 +31,7 @@ import base64
 import logging
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -353,15 +353,6 @@ class LogstoreSaver(ServerCalls, BaseCheckpointSaver[int]):
             pending_writes=writes,
         )
 
-    @staticmethod
-    def _slot(items: Items, known: _Latest | None, seq: int, channel: str) -> Slot:
-        """What to remember of ``channel`` at ``seq``: what was remembered, when its value is the same."""
-        pointer = items.by_seq[seq]["ch"][channel]
-        last = known.slots.get(channel) if known is not None else None
-        if last is not None and last.at == pointer.get("at", seq):
-            return replace(last, version=pointer["v"])
-        return items.slot_of(seq, channel)
-
     async def _get_tuple(self, aio: AsyncClient, config: RunnableConfig) -> CheckpointTuple | None:
         thread_id = config["configurable"]["thread_id"]
         ns = config["configurable"].get("checkpoint_ns", "")
@@ -378,7 +369,10 @@ class LogstoreSaver(ServerCalls, BaseCheckpointSaver[int]):
 
             def build() -> tuple[CheckpointTuple, dict[str, Slot]]:
                 found = self._tuple(items, seq, thread_id, ns, after)
-                return found, {ch: self._slot(items, known, seq, ch) for ch in items.by_seq[seq]["ch"]}
+                return found, {
+                    ch: items.remembered(known.slots if known else {}, seq, ch)
+                    for ch in items.by_seq[seq]["ch"]
+                }
 
             found, slots = await self._decode(aio, conv, items, build)
             self._remember(conv, _Latest(seq, items.by_seq[seq]["id"], slots))

@@ -30,7 +30,7 @@ import base64
 import hashlib
 import hmac
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 __all__ = [
@@ -154,6 +154,14 @@ class Items:
         value = self.channel_value(slot["at"], channel) if "at" in slot else self.record_value(slot["r"])
         self._values[key] = value
         return value
+
+    def remembered(self, known: Mapping[str, Slot], seq: int, channel: str) -> Slot:
+        """What to remember of ``channel`` at ``seq``: the ``known`` slot when its value is the same."""
+        pointer = self.by_seq[seq]["ch"][channel]
+        last = known.get(channel)
+        if last is not None and last.at == pointer.get("at", seq):
+            return replace(last, version=pointer["v"])
+        return self.slot_of(seq, channel)
 
     def slot_of(self, seq: int, channel: str) -> Slot:
         """The saver's memory of a channel of the checkpoint at ``seq`` (after ``channel_value`` worked)."""
