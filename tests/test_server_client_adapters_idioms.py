@@ -152,9 +152,11 @@ def test_a_read_with_the_server_down_serves_the_held_history(server, caplog):
         assert any("served from this process" in r.getMessage() for r in caplog.records)
     finally:
         server.start()
-    history.log.flush_timeout = 60.0
-    assert [m.content for m in history.messages] == ["q1", "a1", "q2"]  # the writer delivered it
+    assert client.flush(120, conversation_id=history.session_id)  # the writer delivers q2 once it is back
+    assert [m.content for m in history.messages] == ["q1", "a1", "q2"]
     client.close()
+    with server.client() as c:
+        assert [i.payload["data"]["content"] for i in c.iter_replay(history.session_id)] == ["q1", "a1", "q2"]
 
 
 def test_a_read_flushes_only_its_own_conversation(server):
