@@ -263,3 +263,47 @@ def test_a_read_does_not_wait_for_a_server_that_is_down(server):
     client.close()
     with server.client() as c:
         assert [i.payload["content"] for i in c.iter_replay(session.session_id)] == ["q1", "q2"]
+
+
+def test_a_runner_turn_completes_with_the_server_down(server):
+    """The issue's symptom: ``Runner.run`` with the session, the server killed. The turn completes; the
+    model is given the history held before plus the new input; the turn's items are stored once the
+    server is back."""
+    pytest.importorskip("agents")
+    from agents import Agent, Runner, set_tracing_disabled
+    from agents.items import ModelResponse
+    from agents.models.interface import Model
+    from agents.usage import Usage
+    from openai.types.responses import ResponseOutputMessage, ResponseOutputText
+
+    from logstore.client.adapters.openai_agents import LogstoreSession
+
+    seen: list[list] = []
+
+    class Echo(Model):  # a model that needs no network: it answers with how many items it was given
+        async def get_response(self, system_instructions, input, *args, **kwargs):  # noqa: A002
+            seen.append(list(input))
+            text = ResponseOutputText(type="output_text", text=f"saw {len(input)}", annotations=[])
+            message = ResponseOutputMessage(
+                id="m", type="message", role="assistant", status="completed", content=[text]
+            )
+            return ModelResponse(output=[message], usage=Usage(), response_id=None)
+
+        def stream_response(self, *args, **kwargs):
+            raise NotImplementedError
+
+    set_tracing_disabled(True)
+    agent = Agent(name="echo", model=Echo())
+    client = Client.http(server.url, site=SITE, password=PASSWORD)
+    session = LogstoreSession(new_session_id(), client, flush_timeout=3600.0)
+    assert asyncio.run(Runner.run(agent, "first", session=session)).final_output == "saw 1"
+    server.kill()
+    try:
+        result = asyncio.run(Runner.run(agent, "second", session=session))
+        assert result.final_output == "saw 3"  # first, its answer, second: the held history plus the input
+    finally:
+        server.start()
+    assert client.flush(120, conversation_id=session.session_id)
+    client.close()
+    with server.client() as c:
+        assert len(list(c.iter_replay(session.session_id))) == 4
