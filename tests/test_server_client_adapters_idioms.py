@@ -276,6 +276,7 @@ def test_a_runner_turn_completes_with_the_server_down(server):
     from agents.usage import Usage
     from openai.types.responses import ResponseOutputMessage, ResponseOutputText
 
+    from logstore.client import WriterOptions
     from logstore.client.adapters.openai_agents import LogstoreSession
 
     seen: list[list] = []
@@ -294,7 +295,8 @@ def test_a_runner_turn_completes_with_the_server_down(server):
 
     set_tracing_disabled(True)
     agent = Agent(name="echo", model=Echo())
-    client = Client.http(server.url, site=SITE, password=PASSWORD)
+    options = WriterOptions(retry_for=None)  # retried until the server is back, however long it takes
+    client = Client.http(server.url, site=SITE, password=PASSWORD, writer_options=options)
     session = LogstoreSession(new_session_id(), client, flush_timeout=3600.0)
     assert asyncio.run(Runner.run(agent, "first", session=session)).final_output == "saw 1"
     server.kill()
