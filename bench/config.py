@@ -40,6 +40,8 @@ class Profile:
     peer_items: int  # P12: items in the conversation for the "full" state (0: P12 skipped)
     peer_seconds: float  # P12: seconds of writes per session
     peer_reads: int  # P12: timed reads per session
+    langgraph_sizes: tuple[int, ...] = (100, 1_000, 10_000)  # C3: messages in the thread
+    langgraph_steps: int = 5  # C3: timed turns per round and size
 
     def scaled(self, **changes: Any) -> Profile:
         return replace(self, **changes)
@@ -65,6 +67,7 @@ PROFILES = {
         peer_items=50_000,
         peer_seconds=2.0,
         peer_reads=2,  # the peer's read_graph takes ~5 s at 50k items
+        langgraph_steps=40,
     ),
     "quick": Profile(
         name="quick",
@@ -105,6 +108,8 @@ PROFILES = {
         peer_items=0,  # starts node (and npm) processes: tests/test_bench_peer.py covers it instead
         peer_seconds=0.2,
         peer_reads=1,
+        langgraph_sizes=(10, 100),
+        langgraph_steps=2,
     ),
 }
 

@@ -25,6 +25,7 @@ from .cpu_append import measure_cpu
 from .crash import measure_crash
 from .cross_reads import measure_cross_reads
 from .fsck import measure_fsck
+from .langgraph_steps import measure_langgraph
 from .listing import measure_listing
 from .mcp_calls import measure_mcp
 from .peer import measure_peer
@@ -53,6 +54,7 @@ SECTIONS: dict[str, tuple[tuple[str, ...], Section]] = {
     "floor": (("P6-floor",), lambda p, d, a: measure_floor(p, d)),
     "peer": (("P12",), lambda p, d, a: measure_peer(p, d)),
     "client": (("C1", "C1-down", "C2"), lambda p, d, a: measure_client(p, d)),
+    "langgraph": (("C3-100", "C3-1k", "C3-10k", "C3-10"), lambda p, d, a: measure_langgraph(p, d)),
     "postgres": (("P9", "P10", "P11"), lambda p, d, a: measure_postgres(p, d)),
     "mcp-postgres": (("P6-pg",), lambda p, d, a: measure_mcp_postgres(p, d)),
     "ui": (("P13",), lambda p, d, a: measure_ui_page(p, d)),
@@ -86,6 +88,10 @@ _ORDER = (
     "C1",
     "C1-down",
     "C2",
+    "C3-10",
+    "C3-100",
+    "C3-1k",
+    "C3-10k",
     "S-b250",
     "S",
 )
@@ -126,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         "--only",
         nargs="+",
         metavar="ID",
-        help="P1 P1-cpu P2 P3 P4 P4-x P5 P6 P7 P8 P9 P10 P11 P12 P13 sweep S-b250",
+        help="P1 P1-cpu P2 P3 P4 P4-x P5 P6 P7 P8 P9 P10 P11 P12 P13 C1 C2 C3-100 sweep S-b250",
     )
     parser.add_argument("--runs", type=int, help="rounds per measure (default from the profile)")
     parser.add_argument("--conversations", type=int, nargs="+", help="P5 site sizes")

@@ -23,6 +23,7 @@ __all__ = [
     "PASSWORD",
     "add_site",
     "batch_for",
+    "CountingReads",
 ]
 
 SITE, PASSWORD = "agent", "agent-password"
@@ -113,3 +114,20 @@ def running(data_dir: Path, store: str | None = None) -> Iterator[Restartable]:
         yield server
     finally:
         server.stop()
+
+
+class CountingReads:
+    """Wraps an ``AsyncClient``'s reads (``recall``, ``replay``): how many items they returned."""
+
+    def __init__(self, aio: object) -> None:
+        self.items_read = 0
+        for name in ("recall", "replay"):
+            setattr(aio, name, self._counted(getattr(aio, name)))
+
+    def _counted(self, fn):  # type: ignore[no-untyped-def]
+        async def counted(*args):  # type: ignore[no-untyped-def]
+            got = await fn(*args)
+            self.items_read += len(got)
+            return got
+
+        return counted

@@ -73,3 +73,28 @@ def test_reset_keeps_the_pending_batches_and_their_ids(tmp_path):
     again = Spool(path)
     assert again.load() == ([SpooledBatch("conv-abcdefgh", b'[{"i":3}]')], {"conv-abcdefgh": 2})
     again.close()
+
+
+def test_a_batch_added_while_a_reset_runs_is_in_the_new_file(tmp_path):
+    """The reset's steps (the writer runs its I/O outside its lock): what is written between begin_reset
+    and finish_reset goes to the old file and is copied to the new one."""
+    path = tmp_path / "agent.spool"
+    cid = "conv-abcdefgh"
+    spool = Spool(path)
+    spool.load()
+    spool.add(1, cid, b"[1]")
+    spool.add(2, cid, b"[2]")
+    spool.done(1, cid, 1)
+    spool.begin_reset()
+    spool.write_reset([(2, SpooledBatch(cid, b"[2]"))], {cid: 1})
+    spool.add(3, cid, b"[3]")  # handed over mid-rewrite
+    spool.done(2, cid, 2)
+    spool.append_reset(spool.take_since())
+    assert spool.take_since() == []
+    spool.finish_reset()
+    spool.fsync_dir()
+    spool.add(4, cid, b"[4]")  # after the switch: the new file
+    spool.close()
+    again = Spool(path)
+    assert again.load() == ([SpooledBatch(cid, b"[3]"), SpooledBatch(cid, b"[4]")], {cid: 2})
+    again.close()

@@ -150,7 +150,7 @@ def test_the_examples_in_docs_client_md_run(server, tmp_path):
 
     text = (REPO / "docs" / "CLIENT.md").read_text()
     examples = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "LOGSTORE_PASSWORD" in b]
-    assert len(examples) == 3
+    assert len(examples) == 4
     env = {**os.environ, "LOGSTORE_URL": server.url, "LOGSTORE_SITE": SITE, "LOGSTORE_PASSWORD": PASSWORD}
     for n, code in enumerate(examples):
         script = tmp_path / f"example{n}.py"

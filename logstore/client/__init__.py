@@ -56,3 +56,7 @@ def __getattr__(name: str) -> Any:
     if home is None:
         raise AttributeError(f"module 'logstore.client' has no attribute {name!r}")
     return getattr(importlib.import_module(f"{__name__}.{home}"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

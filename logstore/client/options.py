@@ -59,7 +59,7 @@ class WriterOptions:
     spool_sync: SpoolSync = SpoolSync.BACKGROUND
     sync_interval: float = 0.02
     spool_reset_bytes: int = 1 << 20  # rewritten when it passes this and nothing is pending (cheap)
-    spool_max_bytes: int = 256 << 20  # rewritten with what is pending when it passes this (holds the lock)
+    spool_max_bytes: int = 256 << 20  # rewritten with what is pending when it passes this (outside the lock)
     exit_timeout: float = 5.0  # how long interpreter exit waits to drain a writer never closed
 
 

@@ -23,6 +23,7 @@ import fcntl
 import logging
 import os
 import struct
+import threading
 from dataclasses import dataclass
 
 import crc32c
@@ -52,6 +53,11 @@ def _record(kind: int, body: object) -> bytes:
     return _HEAD.pack(len(data), crc, kind) + data
 
 
+def _durable(fd: int) -> None:
+    """The rewrite's fsync of its new file (one place, for the tests that hold it)."""
+    os.fsync(fd)
+
+
 def _fsync_dir(path: str) -> None:
     fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -74,6 +80,9 @@ class Spool:
         self._fd = -1
         self.size = 0
         self._dirty = False
+        self._since: list[bytes] | None = None  # records written while a reset runs
+        self._tmp_fd = -1
+        self._tmp_size = 0
 
     # -- open: replay and compact -----------------------------------------------------------------
 
@@ -115,23 +124,81 @@ class Spool:
         return batches, positions
 
     def _rewrite(self, batches: list[tuple[int, SpooledBatch]], positions: dict[str, int]) -> None:
-        tmp = self.path + ".tmp"
+        self.begin_reset()
+        self.write_reset(batches, positions)
+        self.finish_reset()
+        _fsync_dir(self.path)
+
+    # -- a reset in steps, so that the writer's lock is held only for the short ones ----------------
+    #
+    # begin_reset (under the lock): records written from now on are also kept aside;
+    # write_reset (no lock): the temp file with the pending batches and positions, fsync'd;
+    # take_since (under the lock) + append_reset (no lock): copy what was written meanwhile, fsync'd,
+    #   until take_since finds nothing new, and then, still under the lock,
+    # finish_reset: rename over the spool and write to the new file from then on;
+    # fsync_dir (no lock). A crash at any point leaves the old file (every record went to it until the
+    # rename) or the new one (its content fsync'd before the rename).
+
+    def begin_reset(self) -> None:
+        self._since = []
+
+    def write_reset(self, batches: list[tuple[int, SpooledBatch]], positions: dict[str, int]) -> None:
         content = b"".join(
             [_record(_POS, [cid, seq]) for cid, seq in positions.items()]
             + [_record(_BATCH, [i, b.conversation_id, b.items_json]) for i, b in batches]
         )
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.write(fd, content)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
-        _fsync_dir(self.path)
+        self._tmp_fd = os.open(self.path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
+        self._tmp_size = 0
+        self.append_reset([content])
+
+    def take_since(self) -> list[bytes]:
+        since, self._since = self._since or [], []
+        return since
+
+    def append_reset(self, records: list[bytes]) -> None:
+        data = memoryview(b"".join(records))
+        self._tmp_size += len(data)
+        while data:
+            data = data[os.write(self._tmp_fd, data) :]
+        _durable(self._tmp_fd)
+
+    def finish_reset(self) -> None:
+        os.replace(self.path + ".tmp", self.path)
         if self._fd >= 0:
             os.close(self._fd)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
-        self.size = len(content)
+        self._fd, self._tmp_fd = self._tmp_fd, -1
+        self.size, self._since, self._dirty = self._tmp_size, None, False
+
+    def abort_reset(self) -> None:
+        """A reset that failed: the old file, which every record went to, stays the spool."""
+        self._since = None
+        if self._tmp_fd >= 0:
+            os.close(self._tmp_fd)
+            self._tmp_fd = -1
+
+    def fsync_dir(self) -> None:
+        _fsync_dir(self.path)
+
+    def reset_beside(
+        self, lock: threading.Lock, pending: list[tuple[int, SpooledBatch]], positions: dict[str, int]
+    ) -> None:
+        """The writer's reset, begun (``begin_reset``) under its ``lock``: the file I/O and fsyncs outside
+        it, so an ``append`` meanwhile writes to the old file and is copied over. A failure leaves the old
+        file in use (logged)."""
+        try:
+            self.write_reset(pending, positions)
+            while True:
+                with lock:
+                    records = self.take_since()
+                    if not records:
+                        self.finish_reset()
+                        break
+                self.append_reset(records)
+            self.fsync_dir()
+        except OSError:
+            log.exception("spool %s: rewrite failed; the old file stays in use", self.path)
+            with lock:
+                self.abort_reset()
 
     # -- the writer's calls -----------------------------------------------------------------------
 
@@ -141,6 +208,8 @@ class Spool:
             view = view[os.write(self._fd, view) :]
         self.size += len(record)
         self._dirty = True
+        if self._since is not None:
+            self._since.append(record)
 
     def add(self, batch_id: int, conversation_id: str, items_json: bytes) -> None:
         self._write(_record(_BATCH, [batch_id, conversation_id, items_json]))

@@ -117,9 +117,11 @@ class Client:
         """Hand the batch to the background writer; returns at once (see ``BackgroundWriter.append``)."""
         return self.aio.append_nowait(conversation_id, items)
 
-    def flush(self, timeout: float | None = None) -> bool:
+    def flush(self, timeout: float | None = None, conversation_id: str | None = None) -> bool:
+        """Wait until the batches handed to ``append_nowait`` (of ``conversation_id`` only, if given) are
+        settled: stored or reported. False on timeout."""
         writer = self.aio._writer
-        return True if writer is None else bool(writer.flush(timeout))
+        return True if writer is None else bool(writer.flush(timeout, conversation_id))
 
     def close(self, timeout: float | None = 30.0) -> None:
         """Drain the background writer (up to ``timeout``), then close the connection."""

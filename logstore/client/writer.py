@@ -91,6 +91,8 @@ class BackgroundWriter:
         self.stats = WriterStats()
         self._closing = False
         self._waiting = False
+        self._resetting = False  # a spool rewrite is running (outside the lock)
+        self._failing: set[str] = set()  # conversations whose batch in flight last failed, retryable
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
         self._abandon: asyncio.Event | None = None
@@ -177,6 +179,12 @@ class BackgroundWriter:
 
     def has_pending(self, conversation_id: str) -> bool:
         return bool(self._s.queues.get(conversation_id))
+
+    def failing(self, conversation_id: str) -> bool:
+        """The last attempt to send this conversation's oldest batch failed and is being retried (the
+        server unreachable, restarting, overloaded): a flush would wait for the server, not for us."""
+        with self._lock:
+            return conversation_id in self._failing
 
     def flush(self, timeout: float | None = None, conversation_id: str | None = None) -> bool:
         """Wait until every batch handed over so far (of ``conversation_id`` only, if given) is settled:
@@ -315,26 +323,41 @@ class BackgroundWriter:
                 self._settle(batch, failure)
 
     def _settle(self, batch: _Batch, failure: Failure | None) -> None:
+        reset: tuple[list[tuple[int, SpooledBatch]], dict[str, int]] | None = None
         with self._lock:
             s = self._s
             s.queues[batch.conversation_id].popleft()
+            self._failing.discard(batch.conversation_id)
             s.count -= 1
             s.bytes -= len(batch.items_json)
             if self._spool is not None:
                 self._spool.done(batch.id, batch.conversation_id, s.positions.get(batch.conversation_id))
                 size = self._spool.size
-                if (
-                    not s.count and size > self.options.spool_reset_bytes
-                ) or size > self.options.spool_max_bytes:
+                if not self._resetting and (
+                    (not s.count and size > self.options.spool_reset_bytes)
+                    or size > self.options.spool_max_bytes
+                ):
                     pending = [
                         (b.id, SpooledBatch(b.conversation_id, b.items_json))
                         for q in s.queues.values()
                         for b in q
                     ]
-                    self._spool.reset(pending, s.positions)
+                    reset = pending, dict(s.positions)
+                    self._resetting = True
+                    self._spool.begin_reset()
             self._settled.notify_all()
+        if reset is not None:
+            self._reset_spool(*reset)
         if failure is not None:
             self._report(failure)
+
+    def _reset_spool(self, pending: list[tuple[int, SpooledBatch]], positions: dict[str, int]) -> None:
+        assert self._spool is not None
+        try:
+            self._spool.reset_beside(self._lock, pending, positions)
+        finally:
+            with self._lock:
+                self._resetting = False
 
     async def _deliver(self, client: ToolCalls, batch: _Batch) -> Failure | None:
         """Store ``batch`` once: None when stored, else why not (ABANDONED: close() gave up waiting)."""
@@ -362,6 +385,8 @@ class BackgroundWriter:
                 if not exc.retryable:
                     return Failure(cid, batch.items_json, Disposition.REJECTED, exc)
                 error: BaseException = exc
+                with self._lock:
+                    self._failing.add(cid)
                 if outcome_of(exc) == UNKNOWN:
                     batch.unknown = True
                     self.stats.unknown += 1
