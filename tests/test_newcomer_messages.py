@@ -59,7 +59,7 @@ def test_serve_without_the_postgres_extra_says_what_to_install(postgres_server, 
     env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
     served = logstore("serve", "--store", fresh_url(postgres_server), "--port", str(free_port()), env=env)
     assert served.returncode == 1
-    assert "pip install 'logstore[postgres]'" in one_line(served)
+    assert "pip install 'logstore-memory[postgres]'" in one_line(served)
 
 
 def test_a_new_database_gets_no_site_of_its_own_and_the_first_line_says_how_to_add_one(postgres_server):

@@ -106,12 +106,9 @@ def describe_error(exc: BaseException) -> str:
 
 
 def package_version() -> str:
-    from importlib import metadata
+    from logstore.core.distribution import version
 
-    try:
-        return metadata.version("logstore")
-    except metadata.PackageNotFoundError:  # pragma: no cover - running from a bare checkout
-        return "unknown"
+    return version("unknown")
 
 
 def build_parser() -> argparse.ArgumentParser:

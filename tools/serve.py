@@ -231,7 +231,7 @@ def check_store(store_url: str) -> None:
     except ModuleNotFoundError as exc:
         raise StartupError(
             f"{exc.name} is not installed: serving a postgresql:// store needs the postgres extra "
-            "(pip install 'logstore[postgres]')"
+            "(pip install 'logstore-memory[postgres]'; from a clone: pip install -e '.[postgres]')"
         ) from None
     try:
         startup_check(store_url)

@@ -13,7 +13,6 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
-from importlib import metadata
 from typing import Any, Generic, TypeVar
 
 import anyio
@@ -22,6 +21,8 @@ import mcp_types as types
 import msgspec
 from mcp.server import Server
 from mcp.server.context import ServerRequestContext
+
+from logstore.core.distribution import version
 
 from ..transport.access_log import UNKNOWN_TOOL, ToolCall
 from .handlers import SPEC_HANDLERS, Handler, StoreLike
@@ -55,10 +56,7 @@ class ToolBinding:
 
 
 def server_version() -> str:
-    try:
-        return metadata.version("logstore")
-    except metadata.PackageNotFoundError:  # pragma: no cover - running from a bare checkout
-        return "0"
+    return version("0")
 
 
 def spec_bindings(store: StoreLike) -> dict[str, ToolBinding]:

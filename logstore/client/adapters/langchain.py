@@ -1,4 +1,4 @@
-"""LangChain's ``BaseChatMessageHistory`` on a logstore conversation (``pip install 'logstore[langchain]'``).
+"""LangChain's ``BaseChatMessageHistory`` on a logstore conversation (extra ``logstore-memory[langchain]``).
 
     from logstore.client.adapters.langchain import LogstoreChatMessageHistory
 

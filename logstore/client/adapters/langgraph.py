@@ -1,4 +1,4 @@
-"""A LangGraph checkpointer on logstore conversations (``pip install 'logstore[langgraph]'``).
+"""A LangGraph checkpointer on logstore conversations (``pip install 'logstore-memory[langgraph]'``).
 
     from langgraph.graph import StateGraph
     from logstore.client.adapters.langgraph import LogstoreSaver

@@ -1,4 +1,4 @@
-"""The OpenAI Agents SDK's ``Session`` on a logstore conversation (``pip install 'logstore[openai-agents]'``).
+"""The OpenAI Agents SDK's ``Session`` on a logstore conversation (extra ``logstore-memory[openai-agents]``).
 
     from agents import Agent, Runner
     from logstore.client.adapters.openai_agents import LogstoreSession
