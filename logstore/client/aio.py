@@ -103,13 +103,19 @@ class AsyncClient(ToolCalls):
         """Hand the batch to the background writer and return at once (see ``BackgroundWriter.append``)."""
         return bool(self.writer.append(conversation_id, items))
 
-    async def flush(self, timeout: float | None = None, conversation_id: str | None = None) -> bool:
+    async def flush(
+        self, timeout: float | None = None, conversation_id: str | None = None, *, until_failing: bool = False
+    ) -> bool:
         """Wait (without blocking this loop) until every batch handed over (of ``conversation_id`` only,
-        if given) is settled; False on timeout."""
+        if given) is settled; False on timeout (``until_failing``: ``BackgroundWriter.flush``)."""
         if self._writer is None:
             return True
         writer = self._writer
-        return bool(await anyio.to_thread.run_sync(lambda: writer.flush(timeout, conversation_id)))
+        return bool(
+            await anyio.to_thread.run_sync(
+                lambda: writer.flush(timeout, conversation_id, until_failing=until_failing)
+            )
+        )
 
     async def aclose(self, timeout: float | None = 30.0) -> None:
         """Drain the background writer (up to ``timeout``), then close the connections."""

@@ -117,11 +117,17 @@ class Client:
         """Hand the batch to the background writer; returns at once (see ``BackgroundWriter.append``)."""
         return self.aio.append_nowait(conversation_id, items)
 
-    def flush(self, timeout: float | None = None, conversation_id: str | None = None) -> bool:
+    def flush(
+        self, timeout: float | None = None, conversation_id: str | None = None, *, until_failing: bool = False
+    ) -> bool:
         """Wait until the batches handed to ``append_nowait`` (of ``conversation_id`` only, if given) are
-        settled: stored or reported. False on timeout."""
+        settled: stored or reported. False on timeout (``until_failing``: ``BackgroundWriter.flush``)."""
         writer = self.aio._writer
-        return True if writer is None else bool(writer.flush(timeout, conversation_id))
+        return (
+            True
+            if writer is None
+            else bool(writer.flush(timeout, conversation_id, until_failing=until_failing))
+        )
 
     def close(self, timeout: float | None = 30.0) -> None:
         """Drain the background writer (up to ``timeout``), then close the connection."""

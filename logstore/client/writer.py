@@ -186,15 +186,20 @@ class BackgroundWriter:
         with self._lock:
             return conversation_id in self._failing
 
-    def flush(self, timeout: float | None = None, conversation_id: str | None = None) -> bool:
+    def flush(
+        self, timeout: float | None = None, conversation_id: str | None = None, *, until_failing: bool = False
+    ) -> bool:
         """Wait until every batch handed over so far (of ``conversation_id`` only, if given) is settled:
-        stored or reported. False on timeout."""
+        stored or reported. False on timeout, and with ``until_failing`` as soon as that conversation's batch
+        is being retried (``failing``: the wait would be for the server, not for us; a read must not)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         s = self._s
         with self._lock:
             while s.queues.get(conversation_id) if conversation_id is not None else s.count:
                 left = None if deadline is None else deadline - time.monotonic()
                 if (left is not None and left <= 0) or not self._thread.is_alive():
+                    return False
+                if until_failing and conversation_id in self._failing:
                     return False
                 self._settled.wait(1.0 if left is None else min(left, 1.0))
         return True
@@ -387,6 +392,7 @@ class BackgroundWriter:
                 error: BaseException = exc
                 with self._lock:
                     self._failing.add(cid)
+                    self._settled.notify_all()  # a flush ``until_failing`` stops waiting
                 if outcome_of(exc) == UNKNOWN:
                     batch.unknown = True
                     self.stats.unknown += 1

@@ -140,10 +140,8 @@ class MarkerLog:
         """The items not cleared or popped, oldest first (a copy); the last ``limit`` of them if given."""
         client = self._sync_client()
         mine = len(self._mine)
-        if self._failing(client.aio):
-            return self._offline(limit, "the server is unreachable: this conversation's writes are retried")
-        if not client.flush(self.flush_timeout, conversation_id=self.conversation_id):
-            return self._offline(limit, "this conversation's writes did not settle within flush_timeout")
+        if not client.flush(self.flush_timeout, conversation_id=self.conversation_id, until_failing=True):
+            return self._offline(limit, self._unsettled(client.aio))
         try:
             return client._run(self._read, client.aio, limit, mine)  # type: ignore[no-any-return]
         except LogstoreError as exc:
@@ -186,10 +184,10 @@ class MarkerLog:
         if isinstance(client, Client):
             return await anyio.to_thread.run_sync(self.live, limit)
         mine = len(self._mine)
-        if self._failing(client):
-            return self._offline(limit, "the server is unreachable: this conversation's writes are retried")
-        if not await client.flush(self.flush_timeout, conversation_id=self.conversation_id):
-            return self._offline(limit, "this conversation's writes did not settle within flush_timeout")
+        if not await client.flush(
+            self.flush_timeout, conversation_id=self.conversation_id, until_failing=True
+        ):
+            return self._offline(limit, self._unsettled(client))
         try:
             return await self._read(client, limit, mine)
         except LogstoreError as exc:
@@ -217,10 +215,12 @@ class MarkerLog:
 
     # -- reading ----------------------------------------------------------------------------------
 
-    def _failing(self, aio: AsyncClient) -> bool:
-        """The writer is retrying this conversation's batch: a flush would wait the whole flush_timeout."""
+    def _unsettled(self, aio: AsyncClient) -> str:
+        """Why this conversation's writes did not settle before a read (its flush returned False)."""
         writer = aio._writer
-        return writer is not None and writer.failing(self.conversation_id)
+        if writer is not None and writer.failing(self.conversation_id):
+            return "the server is unreachable: this conversation's writes are retried"
+        return "this conversation's writes did not settle within flush_timeout"
 
     # -- reading the server --------------------------------------------------------------------------
 
