@@ -62,6 +62,10 @@ def _assert_secure(headers: dict[str, str]) -> None:
         ("GET", "/ui/?cursor=forged", PASSWORD, 400),
         ("GET", "/ui/c/no-such-conversation?from=x", PASSWORD, 400),
         ("GET", "/ui/", None, 401),
+        ("GET", "/ui/signout", PASSWORD, 401),
+        ("GET", "/ui/signout", None, 401),
+        ("GET", "/ui/no-such-page", PASSWORD, 404),
+        ("GET", "/ui/c/no-such-conversation/after", PASSWORD, 404),
         ("GET", "/ui/", "wrong", 401),
         ("POST", "/ui/", PASSWORD, 405),
         ("PUT", "/ui/c/no-such-conversation", PASSWORD, 405),
@@ -74,6 +78,19 @@ def test_every_response_carries_the_security_headers(server, method, path, passw
     _assert_secure(headers)
     if got == 401:
         assert headers["www-authenticate"].startswith("Basic")
+    if got >= 400:  # every error a browser meets is a page (server.ui.html_errors)
+        lowered = {k.lower(): v for k, v in headers.items()}
+        assert lowered["content-type"].startswith("text/html"), path
+        assert body.startswith(b"<!doctype html>") and int(lowered["content-length"]) == len(body)
+
+
+def test_root_leads_to_the_ui_unless_it_is_off(server, tmp_path):
+    status, headers, _ = _request(server.port, "GET", "/", password=None)
+    assert status == 302 and headers["location"] == "/ui/"
+    data = tmp_path / "data"
+    open_registry(file_url(str(data))).add(SITE, PASSWORD)
+    with serve(data, "--no-ui") as running:
+        assert _request(running.port, "GET", "/")[0] == 404
 
 
 def test_a_foreign_host_is_refused(server):

@@ -28,17 +28,19 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
-from starlette.routing import Route
+from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from logstore.core.backend import Backend
-from logstore.core.errors import LogstoreError
+from logstore.core.errors import Corrupted, LogstoreError
 from logstore.core.imported import export_item
 from logstore.core.limits import MAX_READ_COUNT
 
 from ..auth.basic import Authenticator, BasicAuthMiddleware, site_of_scope
 from ..mcp.app import server_version
 from ..mcp.tool_errors import error_body
+from .damage import Damage, fsck_command, readable_prefix
+from .html_errors import HtmlErrors
 from .render import group_batches, time_view
 
 __all__ = ["build_ui_app", "SECURITY_HEADERS", "PAGE_ITEMS", "COUNT_CAP"]
@@ -70,6 +72,7 @@ _STATIC = {
     "ui.css": "text/css; charset=utf-8",
     "favicon.svg": "image/svg+xml",
 }
+BASIC_CHALLENGE = 'Basic realm="logstore", charset="UTF-8"'  # as BasicAuthMiddleware's default realm
 T = TypeVar("T")
 
 
@@ -174,7 +177,7 @@ class Pages:
         try:
             parsed = args()
         except ValueError as exc:
-            page = self.html("error.html", 400, site=site, code="InvalidArgument", message=str(exc))
+            page = self.html("error.html", 400, site=site, code="InvalidArgument", message=str(exc), hint="")
         else:
             page = await anyio.to_thread.run_sync(self._guarded, work, site, *parsed, limiter=self.limiter)
             assert isinstance(page, _Page)
@@ -184,11 +187,16 @@ class Pages:
         try:
             return work(site, *args)
         except _NotFound as exc:
-            return self.html("error.html", 404, site=site, code="NotFound", message=str(exc))
+            return self.html("error.html", 404, site=site, code="NotFound", message=str(exc), hint="")
         except LogstoreError as exc:
-            body = error_body(exc)["error"]
+            body = error_body(exc, tool=f"ui {getattr(work, '__name__', 'page')}")["error"]
             status = 503 if exc.retryable else 500 if exc.code in ("Corrupted", "Unreadable") else 400
-            return self.html("error.html", status, site=site, code=body["code"], message=body["message"])
+            hint = ""
+            if isinstance(exc, Corrupted):
+                hint = f"Damage at byte offset {exc.offset}. Operators: {fsck_command(site, None)}"
+            return self.html(
+                "error.html", status, site=site, code=body["code"], message=body["message"], hint=hint
+            )
 
     # ------------------------------------------------------------------ pages
     async def conversations(self, request: Request) -> Response:
@@ -222,17 +230,32 @@ class Pages:
     def _conversation(
         self, site: str, cid: str, n: int, start: int, seq: int | None, last: bool, follow: bool
     ) -> _Page:
-        tail = self.store.recall(site, cid, 1)
-        if not tail:
+        broken: Corrupted | None = None
+        try:
+            tail = self.store.recall(site, cid, 1)
+        except Corrupted as exc:  # the end is unknown: show the page asked for, as far as it reads
+            tail, broken = [], exc
+        if not tail and broken is None:
             raise _NotFound(f"no conversation {cid} in site {site}")
-        last_seq = tail[0].seq
+        last_seq = tail[0].seq if tail else 2**31
         last_start = last_seq // n * n
         if seq is not None:
             start = min(seq, last_seq) // n * n
-        elif last:
+        elif last and tail:
             start = last_start
         start = min(start, last_start)
-        items = self.store.replay(site, cid, offset=start, limit=n)
+        damage: Damage | None = None
+        try:
+            if broken is not None:
+                raise broken
+            items = self.store.replay(site, cid, offset=start, limit=n)
+        except Corrupted as exc:
+            log.error("ui: conversation %s of site %s is corrupted: %s", cid, site, exc)
+            items, offset = readable_prefix(
+                lambda at, k: self.store.replay(site, cid, offset=at, limit=k), start, n, exc
+            )
+            damage = Damage(offset, items[-1].seq + 1 if items else start, fsck_command(site, cid))
+            last_seq = last_start = items[-1].seq if items else start
         return self.html(
             "conversation.html",
             site=site,
@@ -245,6 +268,8 @@ class Pages:
             follow=follow,
             next_seq=items[-1].seq + 1 if items else start,
             batches=group_batches(items),
+            damage=damage,
+            status=500 if damage else 200,
         )
 
     async def after(self, request: Request) -> Response:
@@ -255,6 +280,8 @@ class Pages:
 
     def _after(self, site: str, cid: str, start: int) -> _Page:
         items = self.store.replay(site, cid, offset=start, limit=FOLLOW_BATCH)
+        if not items and not self.store.recall(site, cid, 1):  # only when idle: one more cheap read
+            raise _NotFound(f"no conversation {cid} in site {site}")
         html = self.env.get_template("_batches.html").render(batches=group_batches(items), cid=cid, n=0)
         body = {"next": items[-1].seq + 1 if items else start, "html": html}
         return _Page(msgspec.json.encode(body), media_type="application/json")
@@ -309,6 +336,20 @@ class Pages:
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
         return await anyio.to_thread.run_sync(fn, *args, limiter=self.limiter)
 
+    def error_page(self, status: int, code: str, message: str, hint: str) -> bytes:
+        return self.html("error.html", status, site=None, code=code, message=message, hint=hint).body
+
+    async def signout(self, request: Request) -> Response:
+        """401 with the sign-in challenge, whatever the request carries: a browser that sent its
+        remembered Basic credentials here forgets them on this answer (it takes them as rejected), so
+        the next page asks for them again."""
+        return Response(
+            self.html("signed_out.html", 401, site=None).body,
+            status_code=401,
+            media_type="text/html; charset=utf-8",
+            headers={"www-authenticate": BASIC_CHALLENGE},
+        )
+
     async def static_file(self, request: Request) -> Response:
         name = request.path_params["name"]
         if name not in self.static:
@@ -338,7 +379,11 @@ def build_ui_app(
             Route("/static/{name}", pages.static_file, methods=get),
         ]
     )
-    app: ASGIApp = BasicAuthMiddleware(router, authenticator, on_failure=on_auth_failure)
+    signed_in: ASGIApp = BasicAuthMiddleware(router, authenticator, on_failure=on_auth_failure)
+    # /signout is outside the authentication: it answers 401 to whatever it is sent (module docstring).
+    app: ASGIApp = Starlette(
+        routes=[Route("/signout", pages.signout, methods=get), Mount("/", app=signed_in)]
+    )
     if allowed_hosts is not None:
         app = HostGuard(app, allowed_hosts)
-    return SecurityHeaders(app)
+    return SecurityHeaders(HtmlErrors(app, pages.error_page))

@@ -1,0 +1,169 @@
+"""The /ui/ browser's pages around the data, in a real browser (Playwright + system Chromium) on a small
+file-engine site: error pages as HTML, the `/` redirect, sign-out, a damaged conversation, `/after` for a
+conversation the site does not have, and the look (dark mode, a phone's width, local time).
+
+Skipped, with the reason, when no Chromium or no playwright package is available (tests/ui_support.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from logstore import Store
+from logstore.core.factory import file_url, open_registry
+from logstore.file.layout import conversation_paths
+from tests.corruption import flip_byte
+from tests.helpers import log_frames
+from tests.server_support import serve
+from tests.ui_support import launch_browser
+
+SITE, PASSWORD = "pages-site", "pages-password"
+OTHER, OTHER_PASSWORD = "pages-other", "other-password"
+CHAT, DAMAGED, THEIRS = "chat-0001", "damaged-0001", "theirs-0001"
+WIDE = {"unbroken": "x" * 600, "deep": [[[[[[[[{"k": "y" * 300}]]]]]]]], "url": "https://example.com/" * 20}
+DAMAGED_FRAME = 2  # of 5 frames of 3 items: seqs 0-5 readable, the damage in the frame of seqs 6-8
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    with launch_browser() as b:
+        yield b
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, browser: Any) -> Iterator[Any]:
+    data = tmp_path_factory.mktemp("ui-pages") / "data"
+    registry = open_registry(file_url(str(data)))
+    registry.add(SITE, PASSWORD)
+    registry.add(OTHER, OTHER_PASSWORD)
+    with Store(data) as store:
+        store.append(SITE, CHAT, [{"role": "user", "content": "hello " * 200}, WIDE])
+        for b in range(5):
+            store.append(SITE, DAMAGED, [{"frame": b, "k": k, "text": f"item {3 * b + k}"} for k in range(3)])
+        store.append(OTHER, THEIRS, [{"secret": "only-the-other-site"}])
+    log = conversation_paths(str(data), SITE, DAMAGED).log
+    damaged_at = log_frames(log)[DAMAGED_FRAME].offset
+    flip_byte(log, damaged_at + 45)  # inside the frame's items: a CRC mismatch at the frame's offset
+    with serve(data) as running:
+        running.damaged_at = damaged_at
+        yield running
+
+
+@pytest.fixture
+def new_page(browser: Any) -> Iterator[Any]:
+    """``new_page(credentials=None, **context options)``: a page recording dialogs and errors."""
+    contexts = []
+
+    def make(credentials: tuple[str, str] | None = (SITE, PASSWORD), **options: Any) -> Any:
+        if credentials is not None:
+            options["http_credentials"] = {"username": credentials[0], "password": credentials[1]}
+        context = browser.new_context(**options)
+        contexts.append(context)
+        page = context.new_page()
+        page.problems = []
+        page.on("dialog", lambda d: (page.problems.append(f"dialog: {d.message}"), d.dismiss()))
+        page.on("pageerror", lambda e: page.problems.append(f"pageerror: {e}"))
+        return page
+
+    yield make
+    for context in contexts:
+        context.close()
+
+
+def _csp(response: Any) -> str:
+    return response.headers["content-security-policy"]
+
+
+def test_error_pages_are_html_with_the_csp(server, new_page):
+    page = new_page()
+    ok = page.goto(f"{server.base}/ui/")
+    csp = _csp(ok)
+    assert "script-src 'self'" in csp
+    for path, status, shown in (
+        ("/ui/c/no-such-conversation", 404, "no conversation"),
+        ("/ui/no-such-page", 404, "Not Found"),
+        ("/ui/static/nothing.js", 404, "Not Found"),
+        ("/ui/c/bad", 400, "InvalidConversationId"),
+    ):
+        response = page.goto(f"{server.base}{path}")
+        assert response.status == status, path
+        assert response.headers["content-type"].startswith("text/html"), path
+        assert _csp(response) == csp, path
+        assert shown in page.inner_text("main"), path
+    wrong = new_page((SITE, "not-the-password"))
+    response = wrong.goto(f"{server.base}/ui/")
+    assert response.status == 401
+    assert response.headers["content-type"].startswith("text/html")
+    assert response.headers["www-authenticate"].startswith("Basic")
+    assert _csp(response) == csp
+    assert "invalid site or password" in wrong.inner_text("#error")
+    assert "Sign in" in wrong.inner_text("#hint")
+    assert wrong.locator("#site").count() == 0  # nobody is signed in
+    assert page.problems == [] and wrong.problems == []
+
+
+def test_after_for_a_conversation_the_site_does_not_have_is_404(server, new_page):
+    page = new_page()
+    for cid in (THEIRS, "never-existed-0001"):  # another site's, and none at all: the same answer
+        response = page.goto(f"{server.base}/ui/c/{cid}/after?from=0")
+        assert response.status == 404, cid
+        assert "only-the-other-site" not in response.text()
+    response = page.goto(f"{server.base}/ui/c/{CHAT}/after?from=2")
+    assert response.status == 200 and response.json() == {"next": 2, "html": ""}
+
+
+def test_root_redirects_to_the_ui(server, new_page):
+    page = new_page()
+    response = page.goto(f"{server.base}/")
+    assert response.status == 200 and response.url == f"{server.base}/ui/"
+    assert page.locator("#conversations").count() == 1
+
+
+def test_a_damaged_conversation_shows_what_is_readable_the_offset_and_fsck(server, new_page):
+    page = new_page()
+    response = page.goto(f"{server.base}/ui/c/{DAMAGED}")
+    assert response.status == 500
+    assert response.headers["content-type"].startswith("text/html")
+    seqs = page.locator("#items article.item").evaluate_all("els => els.map(e => +e.dataset.seq)")
+    assert seqs == [0, 1, 2, 3, 4, 5]  # every item before the damaged frame, nothing of it or after
+    assert page.inner_text("#damage-offset") == str(server.damaged_at)
+    assert page.inner_text("#fsck-command") == (
+        f"logstore fsck --data-dir DATA_DIR --site {SITE} --conversation {DAMAGED}"
+    )
+    assert "item 5" in page.inner_text("#items") and "item 6" not in page.inner_text("#items")
+    # A page that starts in the damaged frame: nothing readable, the same report.
+    response = page.goto(f"{server.base}/ui/c/{DAMAGED}?n=3&from=6")
+    assert response.status == 500
+    assert page.locator("#items article.item").count() == 0
+    assert page.inner_text("#damage-offset") == str(server.damaged_at)
+    assert page.problems == []
+
+
+def _status_of(page: Any, url: str, click: str | None = None) -> int:
+    """The status the page's navigation to ``url`` got (by clicking ``click``, else by going there).
+    Headless Chromium with no one to ask for a password ends a 401 navigation as
+    ERR_INVALID_AUTH_CREDENTIALS (a person would see the prompt, then the page on Cancel)."""
+    with page.expect_response(url) as info:
+        try:
+            page.click(click) if click else page.goto(url)
+        except Exception as exc:  # noqa: BLE001 - the navigation error of a 401, checked below
+            assert "ERR_INVALID_AUTH_CREDENTIALS" in str(exc), exc
+    return info.value.status
+
+
+def test_sign_out_makes_the_browser_forget_the_password(server, new_page):
+    """Chromium remembers Basic credentials per origin and path and sends them unasked; /ui/signout
+    answers 401 to them, which Chromium takes as rejected and forgets. (No Playwright http_credentials
+    here: those answer every challenge themselves, as a password manager would.)"""
+    page = new_page(credentials=None)
+    host = server.base.removeprefix("http://")
+    assert page.goto(f"http://{SITE}:{PASSWORD}@{host}/ui/").status == 200
+    chat = f"{server.base}/ui/c/{CHAT}"
+    assert _status_of(page, chat) == 200  # remembered: sent without asking
+    assert _status_of(page, f"{server.base}/ui/signout", click="#signout") == 401
+    assert _status_of(page, chat) == 401  # forgotten: the right password is no longer sent
+    assert _status_of(page, f"{server.base}/ui/") == 401
+    assert page.problems == []
