@@ -167,3 +167,42 @@ def test_sign_out_makes_the_browser_forget_the_password(server, new_page):
     assert _status_of(page, chat) == 401  # forgotten: the right password is no longer sent
     assert _status_of(page, f"{server.base}/ui/") == 401
     assert page.problems == []
+
+
+def _scroll_width(page: Any) -> int:
+    return page.evaluate("Math.max(document.documentElement.scrollWidth, document.body.scrollWidth)")
+
+
+def test_a_phone_width_needs_no_horizontal_scroll(server, new_page):
+    page = new_page(viewport={"width": 390, "height": 800})
+    for path in ("/ui/", f"/ui/c/{CHAT}", f"/ui/c/{DAMAGED}", "/ui/status", "/ui/c/no-such-conversation"):
+        page.goto(f"{server.base}{path}")
+        page.click("#expand-all") if page.locator("#expand-all").is_visible() else None
+        assert _scroll_width(page) <= 390, path
+    assert page.problems == []
+
+
+def test_dark_mode_follows_the_system(server, new_page):
+    backgrounds = {}
+    for scheme in ("light", "dark"):
+        page = new_page(color_scheme=scheme)
+        page.goto(f"{server.base}/ui/c/{CHAT}")
+        backgrounds[scheme] = page.evaluate("getComputedStyle(document.body).backgroundColor")
+        string_colour = page.evaluate("getComputedStyle(document.querySelector('.payload .s')).color")
+        backgrounds[scheme + " string"] = string_colour
+    assert backgrounds["light"] == "rgb(255, 255, 255)"
+    assert backgrounds["dark"] == "rgb(20, 24, 29)"
+    assert backgrounds["light string"] != backgrounds["dark string"]
+
+
+def test_local_time_beside_utc(server, new_page):
+    page = new_page(timezone_id="Asia/Kolkata")  # UTC+5:30 (no summer time)
+    page.goto(f"{server.base}/ui/")
+    first = page.locator("#conversations time").first
+    exact = first.get_attribute("datetime")
+    from datetime import datetime, timedelta
+
+    utc = datetime.fromisoformat(exact.replace("Z", "+00:00"))
+    expected = (utc + timedelta(hours=5, minutes=30)).strftime("local %Y-%m-%d %H:%M:%S UTC+5:30")
+    assert first.locator(".local").inner_text() == expected
+    assert first.locator(".exact").inner_text() == exact

@@ -1,4 +1,4 @@
-// logstore browser: relative times, expand/collapse all, follow mode (polling). Served by logstore, no build.
+// logstore browser: relative and local times, expand/collapse all, follow mode (polling). Served by logstore, no build.
 "use strict";
 (function () {
   var units = [[31536000, "y"], [86400, "d"], [3600, "h"], [60, "min"]];
@@ -13,9 +13,24 @@
     return s + " s ago";
   }
 
+  function pad(n) { return (n < 10 ? "0" : "") + n; }
+
+  // The instant in the browser's time zone, beside the UTC one: "local 2025-12-03 21:00:00 UTC+9".
+  function local(iso) {
+    var d = new Date(iso);
+    if (isNaN(d.getTime())) return "";
+    var off = -d.getTimezoneOffset();
+    var zone = "UTC" + (off < 0 ? "-" : "+") + Math.floor(Math.abs(off) / 60) +
+      (Math.abs(off) % 60 ? ":" + pad(Math.abs(off) % 60) : "");
+    return "local " + d.getFullYear() + "-" + pad(d.getMonth() + 1) + "-" + pad(d.getDate()) + " " +
+      pad(d.getHours()) + ":" + pad(d.getMinutes()) + ":" + pad(d.getSeconds()) + " " + zone;
+  }
+
   function refreshTimes(root) {
     var els = (root || document).querySelectorAll("[data-rel]");
     for (var i = 0; i < els.length; i++) els[i].textContent = relative(els[i].getAttribute("data-rel"));
+    var locals = (root || document).querySelectorAll("[data-local]:empty");
+    for (var j = 0; j < locals.length; j++) locals[j].textContent = local(locals[j].getAttribute("data-local"));
   }
 
   function setAll(open) {
