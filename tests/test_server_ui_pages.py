@@ -24,6 +24,78 @@ SITE, PASSWORD = "pages-site", "pages-password"
 OTHER, OTHER_PASSWORD = "pages-other", "other-password"
 CHAT, DAMAGED, THEIRS = "chat-0001", "damaged-0001", "theirs-0001"
 WIDE = {"unbroken": "x" * 600, "deep": [[[[[[[[{"k": "y" * 300}]]]]]]]], "url": "https://example.com/" * 20}
+TRANSCRIPT = "transcript-0001"
+BIG_OUTPUT = "line of tool output\n" * 12_000  # 240 KB
+SHAPES = [  # (payload, shape, role, what the transcript shows)
+    ({"role": "system", "content": "# Rules\n**be brief** <b>not bold</b>"}, "chat", "system", None),
+    (
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city":"Paris","days":[1,2]}'},
+                }
+            ],
+        },
+        "chat",
+        "assistant",
+        'get_weather call_1\n{\n  "city": "Paris",\n  "days": [\n    1,\n    2\n  ]\n}',
+    ),
+    ({"role": "tool", "tool_call_id": "call_1", "content": BIG_OUTPUT}, "chat", "tool", None),
+    (
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": "Searching."},
+                {"type": "tool_use", "id": "toolu_1", "name": "search", "input": {"q": "lamps"}},
+            ],
+        },
+        "chat",
+        "assistant",
+        'search toolu_1\n{\n  "q": "lamps"\n}',
+    ),
+    (
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "3 hits"}]},
+        "chat",
+        "user",
+        None,
+    ),
+    ({"type": "human", "data": {"content": "hi from langchain", "type": "human"}}, "langchain", "user", None),
+    (
+        {
+            "type": "ai",
+            "data": {"content": "", "tool_calls": [{"name": "calc", "args": {"a": 1}, "id": "c1"}]},
+        },
+        "langchain",
+        "assistant",
+        'calc c1\n{\n  "a": 1\n}',
+    ),
+    (
+        {"type": "function_call", "name": "lookup", "arguments": '{"k": 1}', "call_id": "fc_1"},
+        "responses",
+        "assistant",
+        'lookup fc_1\n{\n  "k": 1\n}',
+    ),
+    ({"type": "function_call_output", "call_id": "fc_1", "output": "ok"}, "responses", "tool", None),
+    (
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "agents sdk"}]},
+        "responses",
+        "assistant",
+        "agents sdk",
+    ),
+    ({"type": "logstore.clear"}, "marker", "marker", "cleared"),
+    (
+        {"role": "user", "content": "<script>alert('tx')</script>", "name": "<img src=x onerror=alert(1)>"},
+        "chat",
+        "user",
+        "<script>alert('tx')</script>",
+    ),
+]
+UNRECOGNISED = {"event": "custom", "value": [1, 2, 3]}
+LONG_JSON = {"blob": "z" * 100_000}
 DAMAGED_FRAME = 2  # of 5 frames of 3 items: seqs 0-5 readable, the damage in the frame of seqs 6-8
 
 
@@ -43,6 +115,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, browser: Any) -> Iterator[A
         store.append(SITE, CHAT, [{"role": "user", "content": "hello " * 200}, WIDE])
         for b in range(5):
             store.append(SITE, DAMAGED, [{"frame": b, "k": k, "text": f"item {3 * b + k}"} for k in range(3)])
+        store.append(SITE, TRANSCRIPT, [p for p, *_ in SHAPES] + [UNRECOGNISED, LONG_JSON])
         store.append(OTHER, THEIRS, [{"secret": "only-the-other-site"}])
     log = conversation_paths(str(data), SITE, DAMAGED).log
     damaged_at = log_frames(log)[DAMAGED_FRAME].offset
@@ -206,3 +279,62 @@ def test_local_time_beside_utc(server, new_page):
     expected = (utc + timedelta(hours=5, minutes=30)).strftime("local %Y-%m-%d %H:%M:%S UTC+5:30")
     assert first.locator(".local").inner_text() == expected
     assert first.locator(".exact").inner_text() == exact
+
+
+def _visible(page: Any, selector: str) -> bool:
+    return page.locator(selector).is_visible()
+
+
+def test_transcript_of_each_recognised_shape(server, new_page):
+    page = new_page()
+    page.goto(f"{server.base}/ui/c/{TRANSCRIPT}")
+    for seq, (payload, shape, role, shown) in enumerate(SHAPES):
+        item = f"#seq-{seq}"
+        assert page.locator(f"{item} .turn").get_attribute("data-shape") == shape, payload
+        assert page.inner_text(f"{item} .role") == role, payload
+        assert not _visible(page, f"{item} .payload"), payload  # the transcript replaces the JSON
+        if shown:
+            assert shown in page.inner_text(f"{item} .tx"), payload
+    # Markdown and HTML are text, newlines kept.
+    assert page.inner_text("#seq-0 .tx .t") == "# Rules\n**be brief** <b>not bold</b>"
+    assert page.locator("#items .tx b, #items script, #items img").count() == 0
+    # Tool results start folded, with their size.
+    result = page.locator("#seq-2 details.result")
+    assert result.get_attribute("open") is None
+    assert "234.4 KB" in result.locator("> summary").inner_text()
+    assert "3 hits" in page.locator("#seq-4 details.result").text_content()
+    # Unrecognised: the JSON view.
+    assert page.locator(f"#seq-{len(SHAPES)} .tx").count() == 0
+    assert _visible(page, f"#seq-{len(SHAPES)} .payload")
+    assert page.problems == []
+
+
+def test_long_strings_are_cut_with_show_all(server, new_page):
+    page = new_page(viewport={"width": 1000, "height": 800})
+    page.goto(f"{server.base}/ui/c/{TRANSCRIPT}")
+    page.click("#seq-2 .tx details.result > summary")
+    height = page.evaluate("document.documentElement.scrollHeight")
+    assert height < 8_000, height  # 240 KB of output and a 100,000-character string, cut
+    assert "show all (240,000 characters)" in page.inner_text("#seq-2 .tx")
+    page.click("#seq-2 .tx details.cut > summary")
+    assert page.inner_text("#seq-2 .tx").count("line of tool output") == 12_000
+    long_json = f"#seq-{len(SHAPES) + 1}"
+    assert page.inner_text(long_json).count("z") < 3_000
+    page.click(f"{long_json} details.cut summary")
+    assert page.inner_text(long_json).count("z") == 100_000
+    assert page.problems == []
+
+
+def test_the_view_toggle_is_remembered(server, new_page):
+    page = new_page()
+    page.goto(f"{server.base}/ui/c/{TRANSCRIPT}")
+    assert _visible(page, "#seq-1 .tx") and not _visible(page, "#seq-1 .payload")
+    page.click("#view-toggle")
+    assert not _visible(page, "#seq-1 .tx") and _visible(page, "#seq-1 .payload")
+    assert page.inner_text("#view-toggle") == "transcript"
+    page.reload()  # remembered (localStorage), across pages of the same origin
+    assert not _visible(page, "#seq-1 .tx") and _visible(page, "#seq-1 .payload")
+    page.click("#view-toggle")
+    page.goto(f"{server.base}/ui/c/{TRANSCRIPT}?n=5")
+    assert _visible(page, "#seq-1 .tx")
+    assert page.problems == []

@@ -42,6 +42,7 @@ from ..mcp.tool_errors import error_body
 from .damage import Damage, fsck_command, readable_prefix
 from .html_errors import HtmlErrors
 from .render import group_batches, time_view
+from .transcript import transcript_html
 
 __all__ = ["build_ui_app", "SECURITY_HEADERS", "PAGE_ITEMS", "COUNT_CAP"]
 
@@ -267,7 +268,7 @@ class Pages:
             target=seq,
             follow=follow,
             next_seq=items[-1].seq + 1 if items else start,
-            batches=group_batches(items),
+            batches=group_batches(items, transcript=transcript_html),
             damage=damage,
             status=500 if damage else 200,
         )
@@ -282,7 +283,9 @@ class Pages:
         items = self.store.replay(site, cid, offset=start, limit=FOLLOW_BATCH)
         if not items and not self.store.recall(site, cid, 1):  # only when idle: one more cheap read
             raise _NotFound(f"no conversation {cid} in site {site}")
-        html = self.env.get_template("_batches.html").render(batches=group_batches(items), cid=cid, n=0)
+        html = self.env.get_template("_batches.html").render(
+            batches=group_batches(items, transcript=transcript_html), cid=cid, n=0
+        )
         body = {"next": items[-1].seq + 1 if items else start, "html": html}
         return _Page(msgspec.json.encode(body), media_type="application/json")
 

@@ -1,4 +1,4 @@
-// logstore browser: relative and local times, expand/collapse all, follow mode (polling). Served by logstore, no build.
+// logstore browser: relative and local times, transcript/raw toggle, expand/collapse all, follow mode (polling). Served by logstore, no build.
 "use strict";
 (function () {
   var units = [[31536000, "y"], [86400, "d"], [3600, "h"], [60, "min"]];
@@ -34,7 +34,7 @@
   }
 
   function setAll(open) {
-    var els = document.querySelectorAll("#items details");
+    var els = document.querySelectorAll("#items details.j");
     for (var i = 0; i < els.length; i++) els[i].open = open;
   }
 
@@ -75,7 +75,33 @@
     poll();
   }
 
+  // The transcript view, or the raw JSON one (html.raw), as the reader last chose (localStorage).
+  var VIEW_KEY = "logstore.view";
+
+  function setView(view, button) {
+    document.documentElement.classList.toggle("raw", view === "raw");
+    if (button) {
+      button.textContent = view === "raw" ? "transcript" : "raw JSON";
+      button.setAttribute("aria-pressed", view === "raw" ? "true" : "false");
+    }
+  }
+
+  function storedView() {
+    try { return window.localStorage.getItem(VIEW_KEY) || "transcript"; } catch (e) { return "transcript"; }
+  }
+
+  setView(storedView(), null);
+
   document.addEventListener("DOMContentLoaded", function () {
+    var toggle = document.getElementById("view-toggle");
+    if (toggle) {
+      setView(storedView(), toggle);
+      toggle.addEventListener("click", function () {
+        var view = document.documentElement.classList.contains("raw") ? "transcript" : "raw";
+        try { window.localStorage.setItem(VIEW_KEY, view); } catch (e) { /* not remembered, still shown */ }
+        setView(view, toggle);
+      });
+    }
     document.documentElement.className += " js-on";
     refreshTimes();
     window.setInterval(refreshTimes, 30000);
