@@ -332,9 +332,11 @@ def test_screenshots_for_the_docs(site, page_as):
     page.goto(f"{server.base}/ui/c/{DEMO_AGENT}")
     page.click("#seq-3 details.result > summary")  # the tool output: cut after 40 lines
     page.screenshot(path=str(out / "transcript.png"), full_page=True)
-    page.click("#view-toggle")
+    with page.expect_navigation():
+        page.click("#view-toggle")
     page.screenshot(path=str(out / "raw.png"), full_page=True)
-    page.click("#view-toggle")
+    with page.expect_navigation():
+        page.click("#view-toggle")
     assert page.problems == []
     dark = page_as(DEMO)
     dark.emulate_media(color_scheme="dark")

@@ -96,6 +96,7 @@ SHAPES = [  # (payload, shape, role, what the transcript shows)
 ]
 UNRECOGNISED = {"event": "custom", "value": [1, 2, 3]}
 LONG_JSON = {"blob": "z" * 100_000}
+HOSTILE_PREVIEW = "hostile-preview-01"
 DAMAGED_FRAME = 2  # of 5 frames of 3 items: seqs 0-5 readable, the damage in the frame of seqs 6-8
 
 
@@ -116,6 +117,12 @@ def server(tmp_path_factory: pytest.TempPathFactory, browser: Any) -> Iterator[A
         for b in range(5):
             store.append(SITE, DAMAGED, [{"frame": b, "k": k, "text": f"item {3 * b + k}"} for k in range(3)])
         store.append(SITE, TRANSCRIPT, [p for p, *_ in SHAPES] + [UNRECOGNISED, LONG_JSON])
+        for i in range(12):
+            store.append(SITE, f"alpha-{i:04d}", [{"role": "user", "content": f"alpha question {i}\nline 2"}])
+        store.append(SITE, "beta-0001", [{"n": 1}])
+        store.append(
+            SITE, HOSTILE_PREVIEW, [{"role": "user", "content": "<script>alert('p')</script>\u202e!"}]
+        )
         store.append(OTHER, THEIRS, [{"secret": "only-the-other-site"}])
     log = conversation_paths(str(data), SITE, DAMAGED).log
     damaged_at = log_frames(log)[DAMAGED_FRAME].offset
@@ -329,12 +336,98 @@ def test_the_view_toggle_is_remembered(server, new_page):
     page = new_page()
     page.goto(f"{server.base}/ui/c/{TRANSCRIPT}")
     assert _visible(page, "#seq-1 .tx") and not _visible(page, "#seq-1 .payload")
-    page.click("#view-toggle")
+    with page.expect_navigation():  # the server renders the chosen view alone
+        page.click("#view-toggle")
     assert not _visible(page, "#seq-1 .tx") and _visible(page, "#seq-1 .payload")
     assert page.inner_text("#view-toggle") == "transcript"
-    page.reload()  # remembered (localStorage), across pages of the same origin
-    assert not _visible(page, "#seq-1 .tx") and _visible(page, "#seq-1 .payload")
-    page.click("#view-toggle")
-    page.goto(f"{server.base}/ui/c/{TRANSCRIPT}?n=5")
-    assert _visible(page, "#seq-1 .tx")
+    assert page.evaluate("localStorage.getItem('logstore.view')") == "raw"
+    page.goto(f"{server.base}/ui/c/{TRANSCRIPT}?n=5")  # remembered on the next page
+    assert _visible(page, "#seq-1 .payload") and page.locator("#seq-1 .tx").count() == 0
+    page.context.clear_cookies()  # the cookie gone, localStorage still remembers: raw again
+    page.goto(f"{server.base}/ui/c/{TRANSCRIPT}")
+    page.wait_for_selector("#seq-1 .payload")  # ui.js set the cookie again and reloaded
+    with page.expect_navigation():
+        page.click("#view-toggle")
+    assert _visible(page, "#seq-1 .tx") and page.inner_text("#view-toggle") == "raw JSON"
+    assert page.problems == []
+
+
+def _listed(page: Any) -> list[str]:
+    return page.locator("#conversations a.cid").all_inner_texts()
+
+
+def test_open_by_id(server, new_page):
+    page = new_page()
+    page.goto(f"{server.base}/ui/")
+    page.fill("#open-id", CHAT)
+    page.click("#open")
+    page.wait_for_selector("#items")
+    assert page.url == f"{server.base}/ui/c/{CHAT}"
+    page.goto(f"{server.base}/ui/")
+    page.fill("#open-id", "bad")
+    with page.expect_navigation() as info:
+        page.click("#open")
+    assert info.value.status == 400 and "InvalidConversationId" in page.inner_text("main")
+    page.goto(f"{server.base}/ui/")
+    page.fill("#open-id", THEIRS)  # another site's: not found, as one that never existed
+    with page.expect_navigation() as info:
+        page.click("#open")
+    assert info.value.status == 404 and "only-the-other-site" not in page.content()
+    assert page.problems == []
+
+
+def test_filter_by_prefix_and_page_back(server, new_page):
+    page = new_page()
+    page.goto(f"{server.base}/ui/?n=5")
+    page.fill("#prefix", "alpha-")
+    page.click("#filter")
+    page.wait_for_selector("#conversations")
+    pages = [_listed(page)]
+    assert page.locator("#prev").count() == 0
+    while page.locator("#next").count():
+        page.click("#next")
+        page.wait_for_load_state()
+        pages.append(_listed(page))
+    assert [len(p) for p in pages] == [5, 5, 2]
+    seen = [cid for p in pages for cid in p]
+    assert sorted(seen) == [f"alpha-{i:04d}" for i in range(12)]  # each once, nothing else
+    page.click("#prev")
+    page.wait_for_load_state()
+    assert _listed(page) == pages[1]
+    page.click("#prev")
+    page.wait_for_load_state()
+    assert _listed(page) == pages[0] and page.locator("#prev").count() == 0
+    page.goto(f"{server.base}/ui/?prefix=no-such-prefix")
+    assert "starts with" in page.inner_text("#empty")
+    assert page.problems == []
+
+
+def test_previous_page_of_the_whole_list(server, new_page):
+    page = new_page()
+    page.goto(f"{server.base}/ui/?n=3")
+    first = _listed(page)
+    page.click("#next")
+    page.wait_for_load_state()
+    second = _listed(page)
+    page.click("#next")
+    page.wait_for_load_state()
+    page.click("#prev")
+    page.wait_for_load_state()
+    assert _listed(page) == second
+    page.click("#prev")
+    page.wait_for_load_state()
+    assert _listed(page) == first and not set(first) & set(second)
+
+
+def test_item_count_and_last_item_preview(server, new_page):
+    page = new_page()
+    page.goto(f"{server.base}/ui/?prefix=transcript-")
+    row = page.locator("#conversations tbody tr").first
+    assert row.locator("td.count").inner_text() == str(len(SHAPES) + 2)
+    assert row.locator(".preview").inner_text() == '{"blob":"' + "z" * 111 + "…"
+    page.goto(f"{server.base}/ui/?prefix=alpha-0003")
+    assert page.locator(".preview").inner_text() == "user: alpha question 3 line 2"
+    page.goto(f"{server.base}/ui/?prefix=hostile-")
+    assert page.locator(".preview").inner_text() == "user: <script>alert('p')</script>\\u202e!"
+    assert page.locator("#conversations script").count() == 0
     assert page.problems == []

@@ -21,18 +21,20 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import quote, urlencode
 
 import anyio
 import msgspec
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import RedirectResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from logstore.core.backend import Backend
 from logstore.core.errors import Corrupted, LogstoreError
+from logstore.core.ids import validate_conversation_id
 from logstore.core.imported import export_item
 from logstore.core.limits import MAX_READ_COUNT
 
@@ -41,7 +43,8 @@ from ..mcp.app import server_version
 from ..mcp.tool_errors import error_body
 from .damage import Damage, fsck_command, readable_prefix
 from .html_errors import HtmlErrors
-from .render import group_batches, time_view
+from .listing import list_page
+from .render import group_batches
 from .transcript import transcript_html
 
 __all__ = ["build_ui_app", "SECURITY_HEADERS", "PAGE_ITEMS", "COUNT_CAP"]
@@ -53,6 +56,8 @@ PAGE_ITEMS = 100  # items per conversation page by default (?n= 1..MAX_PAGE_ITEM
 MAX_PAGE_ITEMS = 500
 LIST_PAGE = 50  # conversations per listing page by default (?n= 1..MAX_READ_COUNT)
 FOLLOW_BATCH = 200  # items one follow poll brings at most
+MAX_BACK = 20  # listing pages "previous" can go back (each a cursor in the URL), then "first page"
+MAX_ID_CHARS, MAX_CURSOR_CHARS = 256, 512
 COUNT_CAP = 10_000  # the status page counts conversations up to this many (10 listing pages)
 
 SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
@@ -74,6 +79,7 @@ _STATIC = {
     "favicon.svg": "image/svg+xml",
 }
 BASIC_CHALLENGE = 'Basic realm="logstore", charset="UTF-8"'  # as BasicAuthMiddleware's default realm
+VIEW_COOKIE = "logstore_view"
 T = TypeVar("T")
 
 
@@ -149,6 +155,16 @@ def _int_param(request: Request, name: str, default: int | None, low: int, high:
     return value
 
 
+def _raw_view(request: Request) -> bool:
+    """The reader chose the raw JSON view (ui.js keeps the choice in localStorage and this cookie, so
+    that a page renders one view: rendering both doubled P13's page)."""
+    return request.cookies.get(VIEW_COOKIE) == "raw"
+
+
+def _no_transcript(payload: Any) -> None:
+    return None
+
+
 class Pages:
     """The page handlers over one store. Each request costs one to three store calls."""
 
@@ -202,19 +218,50 @@ class Pages:
     # ------------------------------------------------------------------ pages
     async def conversations(self, request: Request) -> Response:
         def args() -> tuple[Any, ...]:
+            q = request.query_params
             n = _int_param(request, "n", LIST_PAGE, 1, MAX_READ_COUNT)
-            return request.query_params.get("cursor") or None, n
+            prefix = q.get("prefix", "").strip()
+            back = q.getlist("back")[-MAX_BACK:]
+            if len(prefix) > MAX_ID_CHARS or any(len(c) > MAX_CURSOR_CHARS for c in back):
+                raise ValueError("prefix or back cursor too long")
+            return q.get("cursor") or None, n, prefix, back
 
         return await self.run(request, self._conversations, args)
 
-    def _conversations(self, site: str, cursor: str | None, n: int) -> _Page:
-        page = self.store.list_conversations(site, cursor=cursor, limit=n)
-        rows = [
-            (s.conversation_id, time_view(s.created_at), time_view(s.last_appended_at))
-            for s in page.conversations
-        ]
-        return self.html("conversations.html", site=site, rows=rows, next_cursor=page.next_cursor,
-                         first=cursor is None, n=n)  # fmt: skip
+    def _conversations(self, site: str, cursor: str | None, n: int, prefix: str, back: list[str]) -> _Page:
+        listing = list_page(self.store, site, cursor, n, prefix)
+
+        def link(to: str | None, trail: list[str]) -> str:
+            query = [("n", str(n))] + ([("prefix", prefix)] if prefix else [])
+            query += [("cursor", to)] if to else []
+            query += [("back", c) for c in trail[-MAX_BACK:]]
+            return f"{self.prefix}/?{urlencode(query)}"
+
+        previous = None
+        if cursor is not None:  # the previous page is the last cursor this page was reached from
+            previous = link(back[-1] or None, back[:-1]) if back else None
+        return self.html(
+            "conversations.html",
+            site=site,
+            listing=listing,
+            prefix_filter=prefix,
+            n=n,
+            first=cursor is None,
+            first_link=link(None, []),
+            previous_link=previous,
+            next_link=link(listing.next_cursor, [*back, cursor or ""]) if listing.next_cursor else None,
+        )
+
+    async def open_id(self, request: Request) -> Response:
+        """The "open by id" box: a redirect to the conversation's page (which says if there is none)."""
+        raw = request.query_params.get("id", "").strip()
+        try:
+            cid = validate_conversation_id(raw)
+        except LogstoreError as exc:
+            site = site_of_scope(request.scope)
+            page = self.html("error.html", 400, site=site, code=exc.code, message=str(exc), hint="")
+            return Response(page.body, status_code=400, media_type=page.media_type)
+        return RedirectResponse(f"{self.prefix}/c/{quote(cid, safe='')}", status_code=303)
 
     async def conversation(self, request: Request) -> Response:
         def args() -> tuple[Any, ...]:
@@ -224,12 +271,20 @@ class Pages:
             seq = _int_param(request, "seq", None, 0, 2**31)
             follow = q.get("follow") == "1"
             last = q.get("page") == "last" or follow
-            return request.path_params["cid"], n, start, seq, last, follow
+            return request.path_params["cid"], n, start, seq, last, follow, _raw_view(request)
 
         return await self.run(request, self._conversation, args)
 
     def _conversation(
-        self, site: str, cid: str, n: int, start: int, seq: int | None, last: bool, follow: bool
+        self,
+        site: str,
+        cid: str,
+        n: int,
+        start: int,
+        seq: int | None,
+        last: bool,
+        follow: bool,
+        raw: bool,
     ) -> _Page:
         broken: Corrupted | None = None
         try:
@@ -267,24 +322,26 @@ class Pages:
             last_start=last_start,
             target=seq,
             follow=follow,
+            raw=raw,
             next_seq=items[-1].seq + 1 if items else start,
-            batches=group_batches(items, transcript=transcript_html),
+            batches=group_batches(items, transcript=_no_transcript if raw else transcript_html),
             damage=damage,
             status=500 if damage else 200,
         )
 
     async def after(self, request: Request) -> Response:
         def args() -> tuple[Any, ...]:
-            return request.path_params["cid"], _int_param(request, "from", 0, 0, 2**31)
+            start = _int_param(request, "from", 0, 0, 2**31)
+            return request.path_params["cid"], start, _raw_view(request)
 
         return await self.run(request, self._after, args)
 
-    def _after(self, site: str, cid: str, start: int) -> _Page:
+    def _after(self, site: str, cid: str, start: int, raw: bool) -> _Page:
         items = self.store.replay(site, cid, offset=start, limit=FOLLOW_BATCH)
         if not items and not self.store.recall(site, cid, 1):  # only when idle: one more cheap read
             raise _NotFound(f"no conversation {cid} in site {site}")
         html = self.env.get_template("_batches.html").render(
-            batches=group_batches(items, transcript=transcript_html), cid=cid, n=0
+            batches=group_batches(items, transcript=_no_transcript if raw else transcript_html), cid=cid, n=0
         )
         body = {"next": items[-1].seq + 1 if items else start, "html": html}
         return _Page(msgspec.json.encode(body), media_type="application/json")
@@ -376,6 +433,7 @@ def build_ui_app(
         routes=[
             Route("/", pages.conversations, methods=get),
             Route("/status", pages.status, methods=get),
+            Route("/open", pages.open_id, methods=get),
             Route("/c/{cid}", pages.conversation, methods=get),
             Route("/c/{cid}/after", pages.after, methods=get),
             Route("/c/{cid}/export.jsonl", pages.download, methods=get),

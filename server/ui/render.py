@@ -25,6 +25,7 @@ __all__ = [
     "Batch",
     "payload_html",
     "text_html",
+    "plain_line",
     "group_batches",
     "relative_time",
     "TimeView",
@@ -155,6 +156,18 @@ def payload_html(payload: Any) -> Markup:
     return Markup("".join(out))  # noqa: S704 - built only from escaped literals and our own tags
 
 
+_LINE_BREAKS = re.compile(r"\s+")
+
+
+def plain_line(text: str, limit: int) -> str:
+    """``text`` as one line of at most ``limit`` characters (plus an ellipsis), whitespace runs as one
+    space, invisible and bidi characters as their ``\\uXXXX`` escape: plain text, for the template's
+    autoescape (it never holds markup)."""
+    line = _LINE_BREAKS.sub(" ", text[: limit * 4]).strip()
+    line = _INVISIBLE.sub(lambda m: f"\\u{ord(m.group()):04x}", line)
+    return line if len(line) <= limit else line[:limit] + "…"
+
+
 @dataclass(frozen=True, slots=True)
 class TimeView:
     exact: str  # RFC 3339, what the API returns
@@ -181,7 +194,8 @@ class Batch:
     which no reader can tell apart; the PostgreSQL backend keeps no batch boundaries)."""
 
     recorded_at: TimeView
-    items: list[tuple[int, Markup, Markup | None]]  # (seq, the payload's JSON view, its transcript)
+    # (seq, the payload's JSON view, its transcript): exactly one of the two
+    items: list[tuple[int, Markup | None, Markup | None]]
 
     @property
     def first_seq(self) -> int:
@@ -206,5 +220,6 @@ def group_batches(
         if item.recorded_at != at:
             at = item.recorded_at
             batches.append(Batch(time_view(at, now), []))
-        batches[-1].items.append((item.seq, payload_html(item.payload), transcript(item.payload)))
+        turn = transcript(item.payload)  # the page shows one view: the JSON only when there is no turn
+        batches[-1].items.append((item.seq, payload_html(item.payload) if turn is None else None, turn))
     return batches

@@ -23,14 +23,16 @@ message is shown as its JSON.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+import msgspec
 from markupsafe import Markup, escape
 
 from .render import payload_html, text_html
 
 __all__ = ["transcript_html", "ROLES"]
+
+_encode, _format = msgspec.json.Encoder().encode, msgspec.json.format
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 _LANGCHAIN = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool", "function": "tool"}
@@ -43,18 +45,15 @@ def _size(n: int) -> str:
 
 
 def _pretty(value: Any) -> Markup:
-    """Arguments: a JSON string is parsed and indented (a string that is not JSON is shown as written)."""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError:
-            return text_html(value)
-        if isinstance(value, str):
-            return text_html(value)
+    """Arguments, indented: a JSON string as its JSON (a string that is not JSON is shown as written),
+    anything else as the JSON it is. (msgspec's formatter: ~10x json.dumps(indent=2), which was a third
+    of the transcript's cost on P13's page.)"""
     try:
-        return text_html(json.dumps(value, indent=2, ensure_ascii=False))
-    except (TypeError, ValueError):
-        return payload_html(value)
+        if isinstance(value, str):
+            return text_html(_format(value, indent=2))
+        return text_html(_format(_encode(value).decode("utf-8"), indent=2))
+    except (msgspec.DecodeError, msgspec.EncodeError, TypeError):
+        return text_html(value) if isinstance(value, str) else payload_html(value)
 
 
 def _call(out: list[str], name: Any, args: Any, call_id: Any = None) -> None:
@@ -71,11 +70,11 @@ def _result(out: list[str], content: Any, call_id: Any = None, label: str = "res
         inner: list[str] = []
         for part in content:
             _part(inner, part)
-        body, size = "".join(inner), len(json.dumps(content, ensure_ascii=False).encode())
+        body, size = "".join(inner), len(_encode(content))
     elif isinstance(content, str):
         body, size = str(text_html(content)), len(content.encode("utf-8", "replace"))
     else:
-        body, size = str(payload_html(content)), len(json.dumps(content, ensure_ascii=False).encode())
+        body, size = str(payload_html(content)), len(_encode(content))
     ident = f" · {escape(str(call_id))}" if call_id else ""
     out.append(
         f'<details class="result"><summary><span class="tag">{label}</span>{ident} · {_size(size)}'

@@ -75,32 +75,29 @@
     poll();
   }
 
-  // The transcript view, or the raw JSON one (html.raw), as the reader last chose (localStorage).
+  // The transcript view, or the raw JSON one, as the reader last chose: kept in localStorage and in a
+  // cookie the server reads to render that view alone.
   var VIEW_KEY = "logstore.view";
-
-  function setView(view, button) {
-    document.documentElement.classList.toggle("raw", view === "raw");
-    if (button) {
-      button.textContent = view === "raw" ? "transcript" : "raw JSON";
-      button.setAttribute("aria-pressed", view === "raw" ? "true" : "false");
-    }
-  }
 
   function storedView() {
     try { return window.localStorage.getItem(VIEW_KEY) || "transcript"; } catch (e) { return "transcript"; }
   }
 
-  setView(storedView(), null);
+  function chooseView(view) {
+    try { window.localStorage.setItem(VIEW_KEY, view); } catch (e) { /* the cookie still holds it */ }
+    document.cookie = "logstore_view=" + view + "; path=/ui; max-age=31536000; SameSite=Strict";
+    window.location.reload();
+  }
 
   document.addEventListener("DOMContentLoaded", function () {
     var toggle = document.getElementById("view-toggle");
     if (toggle) {
-      setView(storedView(), toggle);
-      toggle.addEventListener("click", function () {
-        var view = document.documentElement.classList.contains("raw") ? "transcript" : "raw";
-        try { window.localStorage.setItem(VIEW_KEY, view); } catch (e) { /* not remembered, still shown */ }
-        setView(view, toggle);
-      });
+      var shown = toggle.getAttribute("data-view");
+      if (storedView() !== shown && document.cookie.indexOf("logstore_view=") < 0) {
+        chooseView(storedView()); // remembered here, but the cookie went: render the chosen view
+        return;
+      }
+      toggle.addEventListener("click", function () { chooseView(shown === "raw" ? "transcript" : "raw"); });
     }
     document.documentElement.className += " js-on";
     refreshTimes();
