@@ -19,9 +19,17 @@ SITE, PASSWORD = "ui-site", "ui-password"
 CONVERSATION = "ui-conversation-1"
 
 
-def _request(port: int, method: str, path: str, *, password: str | None = PASSWORD, host: str | None = None):
+def _request(
+    port: int,
+    method: str,
+    path: str,
+    *,
+    password: str | None = PASSWORD,
+    host: str | None = None,
+    extra: dict[str, str] | None = None,
+):
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    headers = {"Host": host or f"127.0.0.1:{port}"}
+    headers = {"Host": host or f"127.0.0.1:{port}", **(extra or {})}
     if password is not None:
         headers["Authorization"] = "Basic " + base64.b64encode(f"{SITE}:{password}".encode()).decode()
     try:
@@ -143,3 +151,12 @@ def test_pages_hold_no_inline_script_style_or_external_resource(server, path):
     assert html.startswith("<!doctype html>")
     assert _INLINE.findall(html) == []
     assert _request(server.port, "HEAD", path)[0] == status
+
+
+def test_another_site_cannot_sign_a_reader_out(server):
+    status, headers, body = _request(
+        server.port, "GET", "/ui/signout", extra={"Sec-Fetch-Site": "cross-site"}
+    )
+    assert status == 403 and b"own pages" in body
+    _assert_secure(headers)
+    assert _request(server.port, "GET", "/ui/signout", extra={"Sec-Fetch-Site": "same-origin"})[0] == 401

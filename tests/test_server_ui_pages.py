@@ -93,6 +93,13 @@ SHAPES = [  # (payload, shape, role, what the transcript shows)
         "user",
         "<script>alert('tx')</script>",
     ),
+    ({"role": "tool", "name": "orders.get", "result": {"status": "delivered"}}, "chat", "tool", "orders.get"),
+    (  # a block of a kind not known here: its JSON, inside the turn
+        {"role": "assistant", "content": [{"type": "text", "text": "see"}, {"type": "mystery", "x": 1}]},
+        "chat",
+        "assistant",
+        '"type": "mystery"',
+    ),
 ]
 UNRECOGNISED = {"event": "custom", "value": [1, 2, 3]}
 LONG_JSON = {"blob": "z" * 100_000}
@@ -299,7 +306,7 @@ def test_transcript_of_each_recognised_shape(server, new_page):
         item = f"#seq-{seq}"
         assert page.locator(f"{item} .turn").get_attribute("data-shape") == shape, payload
         assert page.inner_text(f"{item} .role") == role, payload
-        assert not _visible(page, f"{item} .payload"), payload  # the transcript replaces the JSON
+        assert not _visible(page, f"{item} .views > .payload"), payload  # the transcript, not the JSON
         if shown:
             assert shown in page.inner_text(f"{item} .tx"), payload
     # Markdown and HTML are text, newlines kept.

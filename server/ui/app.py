@@ -402,7 +402,11 @@ class Pages:
     async def signout(self, request: Request) -> Response:
         """401 with the sign-in challenge, whatever the request carries: a browser that sent its
         remembered Basic credentials here forgets them on this answer (it takes them as rejected), so
-        the next page asks for them again."""
+        the next page asks for them again. Another site's page cannot sign a reader out (an image or a
+        link there): the browser says where a request comes from (Sec-Fetch-Site), and that is 403."""
+        if request.headers.get("sec-fetch-site", "same-origin") not in ("same-origin", "none"):
+            page = self.error_page(403, "Forbidden", "sign out from logstore's own pages", "")
+            return Response(page, status_code=403, media_type="text/html; charset=utf-8")
         return Response(
             self.html("signed_out.html", 401, site=None).body,
             status_code=401,

@@ -14,7 +14,8 @@ Shapes recognised (``transcript_html``; the first that matches):
   ``*_call_output`` item as a call or a result;
 - chat messages with a ``role``: OpenAI (``content`` a string or parts, ``tool_calls`` with
   ``function.name`` and ``function.arguments``, role ``tool`` a result), Anthropic (``content`` blocks
-  ``text``, ``tool_use``, ``tool_result``, ``thinking``), and ``text`` for ``content``.
+  ``text``, ``tool_use``, ``tool_result``, ``thinking``), and ``text`` for ``content`` (``result``
+  too, for a tool).
 
 Escaping is render.py's: every string goes through ``text_html`` or ``payload_html``; nothing from a
 payload becomes a tag, an attribute, a URL or a style. A part of an unknown kind inside a recognised
@@ -53,7 +54,9 @@ def _pretty(value: Any) -> Markup:
             return text_html(_format(value, indent=2))
         return text_html(_format(_encode(value).decode("utf-8"), indent=2))
     except (msgspec.DecodeError, msgspec.EncodeError, TypeError):
-        return text_html(value) if isinstance(value, str) else payload_html(value)
+        if isinstance(value, str):
+            return text_html(value)
+        return Markup(f'<div class="payload">{payload_html(value)}</div>')  # noqa: S704 - escaped
 
 
 def _call(out: list[str], name: Any, args: Any, call_id: Any = None) -> None:
@@ -74,7 +77,7 @@ def _result(out: list[str], content: Any, call_id: Any = None, label: str = "res
     elif isinstance(content, str):
         body, size = str(text_html(content)), len(content.encode("utf-8", "replace"))
     else:
-        body, size = str(payload_html(content)), len(_encode(content))
+        body, size = f'<div class="payload">{payload_html(content)}</div>', len(_encode(content))
     ident = f" · {escape(str(call_id))}" if call_id else ""
     out.append(
         f'<details class="result"><summary><span class="tag">{label}</span>{ident} · {_size(size)}'
@@ -84,7 +87,7 @@ def _result(out: list[str], content: Any, call_id: Any = None, label: str = "res
 
 def _text(out: list[str], text: Any, label: str | None = None) -> None:
     if not isinstance(text, str):
-        out.append(f'<div class="part">{payload_html(text)}</div>')
+        out.append(f'<div class="part payload">{payload_html(text)}</div>')
         return
     tag = f'<span class="tag">{label}</span> ' if label else ""
     out.append(f'<div class="text">{tag}{text_html(text)}</div>')
@@ -109,7 +112,7 @@ def _part(out: list[str], part: Any) -> None:
     elif isinstance(kind, str) and "image" in kind:
         out.append(f'<div class="note">[{escape(kind)}]</div>')
     else:
-        out.append(f'<div class="part">{payload_html(part)}</div>')
+        out.append(f'<div class="part payload">{payload_html(part)}</div>')
 
 
 def _content(out: list[str], content: Any) -> None:
@@ -179,11 +182,12 @@ def _chat(payload: dict[str, Any]) -> Markup | None:
     role = payload["role"]
     if role not in ROLES:
         return None
-    text_key = "content" if "content" in payload else "text" if "text" in payload else None
+    keys = ("content", "text", "result") if role in ("tool", "function") else ("content", "text")
+    text_key = next((k for k in keys if k in payload), None)
     if text_key is None and not payload.get("tool_calls") and "tool_call" not in payload:
         return None
     out: list[str] = []
-    known = {"role", "content", "text", "tool_calls", "tool_call", "tool_call_id", "name"}
+    known = {"role", "content", "text", "result", "tool_calls", "tool_call", "tool_call_id", "name"}
     if role in ("tool", "function"):
         name = payload.get("name")
         _result(out, payload.get(text_key) if text_key else None, payload.get("tool_call_id") or name)
@@ -194,7 +198,7 @@ def _chat(payload: dict[str, Any]) -> Markup | None:
         if isinstance(function, dict):
             _call(out, function.get("name"), function.get("arguments"), call.get("id"))
         else:
-            out.append(f'<div class="part">{payload_html(call)}</div>')
+            out.append(f'<div class="part payload">{payload_html(call)}</div>')
     single = payload.get("tool_call")
     if isinstance(single, dict):
         _call(out, single.get("name"), single.get("arguments"), single.get("id"))
