@@ -1,17 +1,23 @@
 """The conversation browser at ``/ui/``: read-only pages over the ``Backend`` a server serves, for any
 backend (file, PostgreSQL), never the files.
 
-- ``/ui/``: the site's conversations, most recently appended first, paged with the listing cursor;
+- ``/ui/``: the site's conversations, most recently appended first, paged with the listing cursor
+  (previous via ``back``), filtered by id prefix, each with its item count and last item (``listing``);
+- ``/ui/open?id=``: the "open by id" box, a redirect to ``/ui/c/<id>``;
 - ``/ui/c/<id>``: one conversation's items by seq (first / previous / next / last / go to seq), batches
-  grouped, payloads as collapsible JSON; ``follow=1`` polls ``/ui/c/<id>/after`` for new items;
+  grouped, each payload as a transcript (``transcript``) or collapsible JSON (``render``), the view the
+  reader chose; a damaged one shows what reads before the damage (``damage``); ``follow=1`` polls
+  ``/ui/c/<id>/after`` for new items;
 - ``/ui/c/<id>/export.jsonl``: the conversation as ``logstore export`` writes it (``core.imported``);
-- ``/ui/status``: version, backend kind, the site's conversation count (up to ``COUNT_CAP``).
+- ``/ui/status``: version, backend kind, the site's conversation count (up to ``COUNT_CAP``);
+- ``/ui/signout``: 401 to whatever credentials come, so that the browser forgets them.
 
 Around the pages (outermost first): ``SecurityHeaders`` (strict CSP with no inline script, no-store,
-nosniff, frame-ancestors 'none', on every response, the 401s included), a Host check (DNS rebinding, when
-the server is bound to loopback, as ``/mcp``), then ``server.auth.basic.BasicAuthMiddleware`` with the
-server's own ``Authenticator``: the same credentials, caches and throttles as ``/mcp``. Only GET (and
-HEAD). Store calls and rendering run in worker threads under the MCP tools' ``CapacityLimiter``.
+nosniff, frame-ancestors 'none', on every response, the 401s included), ``HtmlErrors`` (every error an
+HTML page), a Host check (DNS rebinding, when the server is bound to loopback, as ``/mcp``), then
+``server.auth.basic.BasicAuthMiddleware`` with the server's own ``Authenticator``: the same credentials,
+caches and throttles as ``/mcp`` (``/signout`` alone is outside it). Only GET (and HEAD). Store calls and
+rendering run in worker threads under the MCP tools' ``CapacityLimiter``.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp
 
 from logstore.core.backend import Backend
 from logstore.core.errors import Corrupted, LogstoreError
@@ -42,6 +48,7 @@ from ..auth.basic import Authenticator, BasicAuthMiddleware, site_of_scope
 from ..mcp.app import server_version
 from ..mcp.tool_errors import error_body
 from .damage import Damage, fsck_command, readable_prefix
+from .guards import SECURITY_HEADERS, HostGuard, SecurityHeaders
 from .html_errors import HtmlErrors
 from .listing import list_page
 from .render import group_batches
@@ -60,19 +67,6 @@ MAX_BACK = 20  # listing pages "previous" can go back (each a cursor in the URL)
 MAX_ID_CHARS, MAX_CURSOR_CHARS = 256, 512
 COUNT_CAP = 10_000  # the status page counts conversations up to this many (10 listing pages)
 
-SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
-    (
-        b"content-security-policy",
-        b"default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
-        b"form-action 'self'; base-uri 'none'; frame-ancestors 'none'",
-    ),
-    (b"cache-control", b"no-store"),
-    (b"x-content-type-options", b"nosniff"),
-    (b"x-frame-options", b"DENY"),
-    (b"referrer-policy", b"no-referrer"),
-    (b"cross-origin-opener-policy", b"same-origin"),
-    (b"cross-origin-resource-policy", b"same-origin"),
-)
 _STATIC = {
     "ui.js": "text/javascript; charset=utf-8",
     "ui.css": "text/css; charset=utf-8",
@@ -81,52 +75,6 @@ _STATIC = {
 BASIC_CHALLENGE = 'Basic realm="logstore", charset="UTF-8"'  # as BasicAuthMiddleware's default realm
 VIEW_COOKIE = "logstore_view"
 T = TypeVar("T")
-
-
-class SecurityHeaders:
-    """Adds ``SECURITY_HEADERS`` to every response of the wrapped app (replacing any of the same name)."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-        self._names = {name for name, _ in SECURITY_HEADERS}
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-
-        async def with_headers(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                kept = [(k, v) for k, v in message.get("headers", []) if k.lower() not in self._names]
-                message = {**message, "headers": [*kept, *SECURITY_HEADERS]}
-            await send(message)
-
-        await self.app(scope, receive, with_headers)
-
-
-class HostGuard:
-    """421 for a request whose Host is not one of ``allowed`` (``name`` or ``name:*`` for any port): a page
-    on another origin that rebinds its DNS name to 127.0.0.1 must not read this server's pages."""
-
-    def __init__(self, app: ASGIApp, allowed: Sequence[str]) -> None:
-        self.app = app
-        self._exact = {a for a in allowed if not a.endswith(":*")}
-        self._any_port = {a.removesuffix(":*") for a in allowed if a.endswith(":*")}
-
-    def allows(self, host: str) -> bool:
-        if host in self._exact:
-            return True
-        name, sep, port = host.rpartition(":")
-        return bool(sep) and port.isdigit() and name in self._any_port
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            host = next((v for k, v in scope["headers"] if k == b"host"), b"").decode("latin-1")
-            if not self.allows(host):
-                response = Response("misdirected request: unexpected Host header\n", status_code=421)
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
 
 
 class _NotFound(Exception):
