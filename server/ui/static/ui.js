@@ -86,7 +86,8 @@
   function chooseView(view) {
     try { window.localStorage.setItem(VIEW_KEY, view); } catch (e) { /* the cookie still holds it */ }
     document.cookie = "logstore_view=" + view + "; path=/ui; max-age=31536000; SameSite=Strict";
-    window.location.reload();
+    // Reload only when the cookie took (cookies off: a reload would render the same view, for ever).
+    if (document.cookie.indexOf("logstore_view=" + view) >= 0) window.location.reload();
   }
 
   document.addEventListener("DOMContentLoaded", function () {
