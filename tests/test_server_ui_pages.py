@@ -438,3 +438,18 @@ def test_item_count_and_last_item_preview(server, new_page):
     assert page.locator(".preview").inner_text() == "user: <script>alert('p')</script>\\u202e!"
     assert page.locator("#conversations script").count() == 0
     assert page.problems == []
+
+
+def test_a_remembered_view_without_cookies_does_not_reload_for_ever(server, new_page):
+    """localStorage says raw, but no cookie can be stored: the page stays as the server rendered it."""
+    page = new_page()
+    page.add_init_script(
+        "Object.defineProperty(Document.prototype, 'cookie', {get() { return ''; }, set(v) {},"
+        " configurable: true}); localStorage.setItem('logstore.view', 'raw');"
+    )
+    loads: list[str] = []
+    page.on("load", lambda: loads.append(page.url))
+    page.goto(f"{server.base}/ui/c/{TRANSCRIPT}")
+    page.wait_for_load_state("networkidle")  # a reload loop never goes idle
+    assert len(loads) == 1 and _visible(page, "#seq-1 .tx")
+    assert page.problems == []
