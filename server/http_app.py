@@ -28,7 +28,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -183,7 +183,9 @@ def build_http_app(
                     allowed_hosts=security.allowed_hosts if security is not None else None,
                     on_auth_failure=metrics.auth_failure if metrics is not None else None,
                 ),
-            )
+            ),
+            # The server's root leads a browser to the UI (a relative Location: no Host is trusted).
+            Route("/", endpoint=lambda request: RedirectResponse("/ui/", status_code=302), methods=["GET"]),
         ]
         if ui
         else []

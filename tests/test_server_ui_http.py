@@ -19,9 +19,17 @@ SITE, PASSWORD = "ui-site", "ui-password"
 CONVERSATION = "ui-conversation-1"
 
 
-def _request(port: int, method: str, path: str, *, password: str | None = PASSWORD, host: str | None = None):
+def _request(
+    port: int,
+    method: str,
+    path: str,
+    *,
+    password: str | None = PASSWORD,
+    host: str | None = None,
+    extra: dict[str, str] | None = None,
+):
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    headers = {"Host": host or f"127.0.0.1:{port}"}
+    headers = {"Host": host or f"127.0.0.1:{port}", **(extra or {})}
     if password is not None:
         headers["Authorization"] = "Basic " + base64.b64encode(f"{SITE}:{password}".encode()).decode()
     try:
@@ -62,6 +70,10 @@ def _assert_secure(headers: dict[str, str]) -> None:
         ("GET", "/ui/?cursor=forged", PASSWORD, 400),
         ("GET", "/ui/c/no-such-conversation?from=x", PASSWORD, 400),
         ("GET", "/ui/", None, 401),
+        ("GET", "/ui/signout", PASSWORD, 401),
+        ("GET", "/ui/signout", None, 401),
+        ("GET", "/ui/no-such-page", PASSWORD, 404),
+        ("GET", "/ui/c/no-such-conversation/after", PASSWORD, 404),
         ("GET", "/ui/", "wrong", 401),
         ("POST", "/ui/", PASSWORD, 405),
         ("PUT", "/ui/c/no-such-conversation", PASSWORD, 405),
@@ -74,6 +86,19 @@ def test_every_response_carries_the_security_headers(server, method, path, passw
     _assert_secure(headers)
     if got == 401:
         assert headers["www-authenticate"].startswith("Basic")
+    if got >= 400:  # every error a browser meets is a page (server.ui.html_errors)
+        lowered = {k.lower(): v for k, v in headers.items()}
+        assert lowered["content-type"].startswith("text/html"), path
+        assert body.startswith(b"<!doctype html>") and int(lowered["content-length"]) == len(body)
+
+
+def test_root_leads_to_the_ui_unless_it_is_off(server, tmp_path):
+    status, headers, _ = _request(server.port, "GET", "/", password=None)
+    assert status == 302 and headers["location"] == "/ui/"
+    data = tmp_path / "data"
+    open_registry(file_url(str(data))).add(SITE, PASSWORD)
+    with serve(data, "--no-ui") as running:
+        assert _request(running.port, "GET", "/")[0] == 404
 
 
 def test_a_foreign_host_is_refused(server):
@@ -126,3 +151,12 @@ def test_pages_hold_no_inline_script_style_or_external_resource(server, path):
     assert html.startswith("<!doctype html>")
     assert _INLINE.findall(html) == []
     assert _request(server.port, "HEAD", path)[0] == status
+
+
+def test_another_site_cannot_sign_a_reader_out(server):
+    status, headers, body = _request(
+        server.port, "GET", "/ui/signout", extra={"Sec-Fetch-Site": "cross-site"}
+    )
+    assert status == 403 and b"own pages" in body
+    _assert_secure(headers)
+    assert _request(server.port, "GET", "/ui/signout", extra={"Sec-Fetch-Site": "same-origin"})[0] == 401

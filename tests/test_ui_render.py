@@ -17,7 +17,7 @@ from logstore.core.models import MemoryItem
 from logstore.file.fileio import NoSyncOps
 from logstore.file.layout import conversation_paths
 from logstore.fsck.logdump import export_items
-from server.ui.render import group_batches, payload_html, relative_time
+from server.ui.render import CUT_CHARS, CUT_LINES, group_batches, payload_html, relative_time, text_html
 
 _TAG = re.compile(r"<(/?)([a-z]+)")
 _OURS = {"details", "summary", "div", "span"}
@@ -79,3 +79,26 @@ def test_download_lines_are_the_export_bytes(tmp_path_factory, batches):
     out = io.BytesIO()
     export_items(NoSyncOps(), conversation_paths(str(data), "site", "conversation-1"), out)
     assert downloaded == out.getvalue()
+
+
+@given(st.text(min_size=CUT_CHARS - 5, max_size=CUT_CHARS + 50))
+def test_a_cut_string_shows_exactly_its_json_literal(value):
+    """Cut or not, the JSON view's text is the string's JSON literal (escapes never split)."""
+    import html as html_module
+
+    import msgspec
+
+    shown = html_module.unescape(re.sub(r"<summary>.*?</summary>|<[^>]+>", "", str(payload_html(value))))
+    literal = msgspec.json.encode(value).decode()
+    invisible = "\u200b\u200c\u200d\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2028\u2029\ufeff\u061c"
+    for char in set(literal) & set(invisible + "".join(map(chr, range(0x2060, 0x206A)))):
+        literal = literal.replace(char, f"\\u{ord(char):04x}")
+    assert shown == literal
+    assert (len(value) > CUT_CHARS) == ("show all" in str(payload_html(value)))
+
+
+def test_text_is_cut_after_its_lines_and_markup_stays_text():
+    html = str(text_html("# title\n<b>x</b>\n" * 100))
+    assert "&lt;b&gt;x&lt;/b&gt;" in html and "<b>" not in html
+    head = html.split("<details")[0]
+    assert head.count("\n") == CUT_LINES and "show all (1,700 characters)" in html

@@ -144,7 +144,7 @@ def build_sites(store: Any, registry: Any, url: str) -> UiSite:
 # The screenshots' site: fixed contents and times (imported batches), shown with the page clock fixed at
 # DEMO_NOW, so that a run redraws docs/ui/*.png identical unless the pages changed.
 DEMO = ("demo", "demo-password")
-DEMO_CHAT, DEMO_LONG = "support-chat-0042", "research-agent-7f3a"
+DEMO_CHAT, DEMO_LONG, DEMO_AGENT = "support-chat-0042", "research-agent-7f3a", "openai-agent-run-91"
 DEMO_START = 1_764_580_000_000_000  # 2025-12-01T09:06:40Z, microseconds
 DEMO_NOW = "2025-12-03T12:00:00Z"
 _MINUTE = 60_000_000
@@ -168,6 +168,49 @@ def _demo_chat() -> list[list[dict[str, Any]]]:
         [{"role": "assistant", "text": "A replacement lamp ships today; no need to return the old one."}],
         [{"role": "user", "text": "<script>alert('hi')</script> thanks!\u202e", "attachments": []}],
         [{"role": "memory", "summary": {"customer": "c-77", "resolved": True, "tags": ["damage", "lamp"]}}],
+    ]
+
+
+def _demo_agent() -> list[list[dict[str, Any]]]:
+    """An OpenAI chat-completions run: system prompt, a user turn, a tool call, a long tool output."""
+    trace = "".join(
+        f'  File "app/jobs.py", line {100 + k}, in step_{k}\n    run(step={k})\n' for k in range(60)
+    )
+    return [
+        [
+            {
+                "role": "system",
+                "content": "You are a release assistant.\n\n- Be brief.\n- **Never** deploy on Fridays.",
+            },
+            {"role": "user", "content": "Why did last night's build fail?"},
+        ],
+        [
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "call_7Qx",
+                        "type": "function",
+                        "function": {
+                            "name": "ci.get_log",
+                            "arguments": '{"job":"nightly","run":4411,"tail":200}',
+                        },
+                    }
+                ],
+            },
+            {
+                "role": "tool",
+                "tool_call_id": "call_7Qx",
+                "content": "Traceback (most recent call last):\n" + trace,
+            },
+        ],
+        [
+            {
+                "role": "assistant",
+                "content": "The nightly job failed in `step_59`:\n\n```\nrun(step=59)\n```\nA retry passed.",
+            }
+        ],
     ]
 
 
@@ -195,6 +238,7 @@ def build_demo(store: Any, registry: Any) -> None:
     long = [[{"step": 10 * b + k, "note": f"finding {10 * b + k}"} for k in range(10)] for b in range(30)]
     put(DEMO_LONG, long, DEMO_START + 400 * _MINUTE, _MINUTE // 6)
     put(DEMO_CHAT, _demo_chat(), DEMO_START + 2900 * _MINUTE, _MINUTE // 2)
+    put(DEMO_AGENT, _demo_agent(), DEMO_START + 2950 * _MINUTE, _MINUTE // 3)
 
 
 def screenshot_dir() -> Path:

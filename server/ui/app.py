@@ -1,17 +1,23 @@
 """The conversation browser at ``/ui/``: read-only pages over the ``Backend`` a server serves, for any
 backend (file, PostgreSQL), never the files.
 
-- ``/ui/``: the site's conversations, most recently appended first, paged with the listing cursor;
+- ``/ui/``: the site's conversations, most recently appended first, paged with the listing cursor
+  (previous via ``back``), filtered by id prefix, each with its item count and last item (``listing``);
+- ``/ui/open?id=``: the "open by id" box, a redirect to ``/ui/c/<id>``;
 - ``/ui/c/<id>``: one conversation's items by seq (first / previous / next / last / go to seq), batches
-  grouped, payloads as collapsible JSON; ``follow=1`` polls ``/ui/c/<id>/after`` for new items;
+  grouped, each payload as a transcript (``transcript``) or collapsible JSON (``render``), the view the
+  reader chose; a damaged one shows what reads before the damage (``damage``); ``follow=1`` polls
+  ``/ui/c/<id>/after`` for new items;
 - ``/ui/c/<id>/export.jsonl``: the conversation as ``logstore export`` writes it (``core.imported``);
-- ``/ui/status``: version, backend kind, the site's conversation count (up to ``COUNT_CAP``).
+- ``/ui/status``: version, backend kind, the site's conversation count (up to ``COUNT_CAP``);
+- ``/ui/signout``: 401 to whatever credentials come, so that the browser forgets them.
 
 Around the pages (outermost first): ``SecurityHeaders`` (strict CSP with no inline script, no-store,
-nosniff, frame-ancestors 'none', on every response, the 401s included), a Host check (DNS rebinding, when
-the server is bound to loopback, as ``/mcp``), then ``server.auth.basic.BasicAuthMiddleware`` with the
-server's own ``Authenticator``: the same credentials, caches and throttles as ``/mcp``. Only GET (and
-HEAD). Store calls and rendering run in worker threads under the MCP tools' ``CapacityLimiter``.
+nosniff, frame-ancestors 'none', on every response, the 401s included), ``HtmlErrors`` (every error an
+HTML page), a Host check (DNS rebinding, when the server is bound to loopback, as ``/mcp``), then
+``server.auth.basic.BasicAuthMiddleware`` with the server's own ``Authenticator``: the same credentials,
+caches and throttles as ``/mcp`` (``/signout`` alone is outside it). Only GET (and HEAD). Store calls and
+rendering run in worker threads under the MCP tools' ``CapacityLimiter``.
 """
 
 from __future__ import annotations
@@ -21,25 +27,32 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import quote, urlencode
 
 import anyio
 import msgspec
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
-from starlette.routing import Route
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.responses import RedirectResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route
+from starlette.types import ASGIApp
 
 from logstore.core.backend import Backend
-from logstore.core.errors import LogstoreError
+from logstore.core.errors import Corrupted, LogstoreError
+from logstore.core.ids import validate_conversation_id
 from logstore.core.imported import export_item
 from logstore.core.limits import MAX_READ_COUNT
 
 from ..auth.basic import Authenticator, BasicAuthMiddleware, site_of_scope
 from ..mcp.app import server_version
 from ..mcp.tool_errors import error_body
-from .render import group_batches, time_view
+from .damage import Damage, fsck_command, readable_prefix
+from .guards import SECURITY_HEADERS, HostGuard, SecurityHeaders
+from .html_errors import HtmlErrors
+from .listing import list_page
+from .render import group_batches
+from .transcript import transcript_html
 
 __all__ = ["build_ui_app", "SECURITY_HEADERS", "PAGE_ITEMS", "COUNT_CAP"]
 
@@ -50,73 +63,18 @@ PAGE_ITEMS = 100  # items per conversation page by default (?n= 1..MAX_PAGE_ITEM
 MAX_PAGE_ITEMS = 500
 LIST_PAGE = 50  # conversations per listing page by default (?n= 1..MAX_READ_COUNT)
 FOLLOW_BATCH = 200  # items one follow poll brings at most
+MAX_BACK = 20  # listing pages "previous" can go back (each a cursor in the URL), then "first page"
+MAX_ID_CHARS, MAX_CURSOR_CHARS = 256, 512
 COUNT_CAP = 10_000  # the status page counts conversations up to this many (10 listing pages)
 
-SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
-    (
-        b"content-security-policy",
-        b"default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
-        b"form-action 'self'; base-uri 'none'; frame-ancestors 'none'",
-    ),
-    (b"cache-control", b"no-store"),
-    (b"x-content-type-options", b"nosniff"),
-    (b"x-frame-options", b"DENY"),
-    (b"referrer-policy", b"no-referrer"),
-    (b"cross-origin-opener-policy", b"same-origin"),
-    (b"cross-origin-resource-policy", b"same-origin"),
-)
 _STATIC = {
     "ui.js": "text/javascript; charset=utf-8",
     "ui.css": "text/css; charset=utf-8",
     "favicon.svg": "image/svg+xml",
 }
+BASIC_CHALLENGE = 'Basic realm="logstore", charset="UTF-8"'  # as BasicAuthMiddleware's default realm
+VIEW_COOKIE = "logstore_view"
 T = TypeVar("T")
-
-
-class SecurityHeaders:
-    """Adds ``SECURITY_HEADERS`` to every response of the wrapped app (replacing any of the same name)."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-        self._names = {name for name, _ in SECURITY_HEADERS}
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-
-        async def with_headers(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                kept = [(k, v) for k, v in message.get("headers", []) if k.lower() not in self._names]
-                message = {**message, "headers": [*kept, *SECURITY_HEADERS]}
-            await send(message)
-
-        await self.app(scope, receive, with_headers)
-
-
-class HostGuard:
-    """421 for a request whose Host is not one of ``allowed`` (``name`` or ``name:*`` for any port): a page
-    on another origin that rebinds its DNS name to 127.0.0.1 must not read this server's pages."""
-
-    def __init__(self, app: ASGIApp, allowed: Sequence[str]) -> None:
-        self.app = app
-        self._exact = {a for a in allowed if not a.endswith(":*")}
-        self._any_port = {a.removesuffix(":*") for a in allowed if a.endswith(":*")}
-
-    def allows(self, host: str) -> bool:
-        if host in self._exact:
-            return True
-        name, sep, port = host.rpartition(":")
-        return bool(sep) and port.isdigit() and name in self._any_port
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            host = next((v for k, v in scope["headers"] if k == b"host"), b"").decode("latin-1")
-            if not self.allows(host):
-                response = Response("misdirected request: unexpected Host header\n", status_code=421)
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
 
 
 class _NotFound(Exception):
@@ -143,6 +101,16 @@ def _int_param(request: Request, name: str, default: int | None, low: int, high:
     if not low <= value <= high:
         raise ValueError(f"{name} must be between {low} and {high}, got {value}")
     return value
+
+
+def _raw_view(request: Request) -> bool:
+    """The reader chose the raw JSON view (ui.js keeps the choice in localStorage and this cookie, so
+    that a page renders one view: rendering both doubled P13's page)."""
+    return request.cookies.get(VIEW_COOKIE) == "raw"
+
+
+def _no_transcript(payload: Any) -> None:
+    return None
 
 
 class Pages:
@@ -174,7 +142,7 @@ class Pages:
         try:
             parsed = args()
         except ValueError as exc:
-            page = self.html("error.html", 400, site=site, code="InvalidArgument", message=str(exc))
+            page = self.html("error.html", 400, site=site, code="InvalidArgument", message=str(exc), hint="")
         else:
             page = await anyio.to_thread.run_sync(self._guarded, work, site, *parsed, limiter=self.limiter)
             assert isinstance(page, _Page)
@@ -184,28 +152,64 @@ class Pages:
         try:
             return work(site, *args)
         except _NotFound as exc:
-            return self.html("error.html", 404, site=site, code="NotFound", message=str(exc))
+            return self.html("error.html", 404, site=site, code="NotFound", message=str(exc), hint="")
         except LogstoreError as exc:
-            body = error_body(exc)["error"]
+            body = error_body(exc, tool=f"ui {getattr(work, '__name__', 'page')}")["error"]
             status = 503 if exc.retryable else 500 if exc.code in ("Corrupted", "Unreadable") else 400
-            return self.html("error.html", status, site=site, code=body["code"], message=body["message"])
+            hint = ""
+            if isinstance(exc, Corrupted):
+                hint = f"Damage at byte offset {exc.offset}. Operators: {fsck_command(site, None)}"
+            return self.html(
+                "error.html", status, site=site, code=body["code"], message=body["message"], hint=hint
+            )
 
     # ------------------------------------------------------------------ pages
     async def conversations(self, request: Request) -> Response:
         def args() -> tuple[Any, ...]:
+            q = request.query_params
             n = _int_param(request, "n", LIST_PAGE, 1, MAX_READ_COUNT)
-            return request.query_params.get("cursor") or None, n
+            prefix = q.get("prefix", "").strip()
+            back = q.getlist("back")[-MAX_BACK:]
+            if len(prefix) > MAX_ID_CHARS or any(len(c) > MAX_CURSOR_CHARS for c in back):
+                raise ValueError("prefix or back cursor too long")
+            return q.get("cursor") or None, n, prefix, back
 
         return await self.run(request, self._conversations, args)
 
-    def _conversations(self, site: str, cursor: str | None, n: int) -> _Page:
-        page = self.store.list_conversations(site, cursor=cursor, limit=n)
-        rows = [
-            (s.conversation_id, time_view(s.created_at), time_view(s.last_appended_at))
-            for s in page.conversations
-        ]
-        return self.html("conversations.html", site=site, rows=rows, next_cursor=page.next_cursor,
-                         first=cursor is None, n=n)  # fmt: skip
+    def _conversations(self, site: str, cursor: str | None, n: int, prefix: str, back: list[str]) -> _Page:
+        listing = list_page(self.store, site, cursor, n, prefix)
+
+        def link(to: str | None, trail: list[str]) -> str:
+            query = [("n", str(n))] + ([("prefix", prefix)] if prefix else [])
+            query += [("cursor", to)] if to else []
+            query += [("back", c) for c in trail[-MAX_BACK:]]
+            return f"{self.prefix}/?{urlencode(query)}"
+
+        previous = None
+        if cursor is not None:  # the previous page is the last cursor this page was reached from
+            previous = link(back[-1] or None, back[:-1]) if back else None
+        return self.html(
+            "conversations.html",
+            site=site,
+            listing=listing,
+            prefix_filter=prefix,
+            n=n,
+            first=cursor is None,
+            first_link=link(None, []),
+            previous_link=previous,
+            next_link=link(listing.next_cursor, [*back, cursor or ""]) if listing.next_cursor else None,
+        )
+
+    async def open_id(self, request: Request) -> Response:
+        """The "open by id" box: a redirect to the conversation's page (which says if there is none)."""
+        raw = request.query_params.get("id", "").strip()
+        try:
+            cid = validate_conversation_id(raw)
+        except LogstoreError as exc:
+            site = site_of_scope(request.scope)
+            page = self.html("error.html", 400, site=site, code=exc.code, message=str(exc), hint="")
+            return Response(page.body, status_code=400, media_type=page.media_type)
+        return RedirectResponse(f"{self.prefix}/c/{quote(cid, safe='')}", status_code=303)
 
     async def conversation(self, request: Request) -> Response:
         def args() -> tuple[Any, ...]:
@@ -215,24 +219,47 @@ class Pages:
             seq = _int_param(request, "seq", None, 0, 2**31)
             follow = q.get("follow") == "1"
             last = q.get("page") == "last" or follow
-            return request.path_params["cid"], n, start, seq, last, follow
+            return request.path_params["cid"], n, start, seq, last, follow, _raw_view(request)
 
         return await self.run(request, self._conversation, args)
 
     def _conversation(
-        self, site: str, cid: str, n: int, start: int, seq: int | None, last: bool, follow: bool
+        self,
+        site: str,
+        cid: str,
+        n: int,
+        start: int,
+        seq: int | None,
+        last: bool,
+        follow: bool,
+        raw: bool,
     ) -> _Page:
-        tail = self.store.recall(site, cid, 1)
-        if not tail:
+        broken: Corrupted | None = None
+        try:
+            tail = self.store.recall(site, cid, 1)
+        except Corrupted as exc:  # the end is unknown: show the page asked for, as far as it reads
+            tail, broken = [], exc
+        if not tail and broken is None:
             raise _NotFound(f"no conversation {cid} in site {site}")
-        last_seq = tail[0].seq
+        last_seq = tail[0].seq if tail else 2**31
         last_start = last_seq // n * n
         if seq is not None:
             start = min(seq, last_seq) // n * n
-        elif last:
+        elif last and tail:
             start = last_start
         start = min(start, last_start)
-        items = self.store.replay(site, cid, offset=start, limit=n)
+        damage: Damage | None = None
+        try:
+            if broken is not None:
+                raise broken
+            items = self.store.replay(site, cid, offset=start, limit=n)
+        except Corrupted as exc:
+            log.error("ui: conversation %s of site %s is corrupted: %s", cid, site, exc)
+            items, offset = readable_prefix(
+                lambda at, k: self.store.replay(site, cid, offset=at, limit=k), start, n, exc
+            )
+            damage = Damage(offset, items[-1].seq + 1 if items else start, fsck_command(site, cid))
+            last_seq = last_start = items[-1].seq if items else start
         return self.html(
             "conversation.html",
             site=site,
@@ -243,19 +270,27 @@ class Pages:
             last_start=last_start,
             target=seq,
             follow=follow,
+            raw=raw,
             next_seq=items[-1].seq + 1 if items else start,
-            batches=group_batches(items),
+            batches=group_batches(items, transcript=_no_transcript if raw else transcript_html),
+            damage=damage,
+            status=500 if damage else 200,
         )
 
     async def after(self, request: Request) -> Response:
         def args() -> tuple[Any, ...]:
-            return request.path_params["cid"], _int_param(request, "from", 0, 0, 2**31)
+            start = _int_param(request, "from", 0, 0, 2**31)
+            return request.path_params["cid"], start, _raw_view(request)
 
         return await self.run(request, self._after, args)
 
-    def _after(self, site: str, cid: str, start: int) -> _Page:
+    def _after(self, site: str, cid: str, start: int, raw: bool) -> _Page:
         items = self.store.replay(site, cid, offset=start, limit=FOLLOW_BATCH)
-        html = self.env.get_template("_batches.html").render(batches=group_batches(items), cid=cid, n=0)
+        if not items and not self.store.recall(site, cid, 1):  # only when idle: one more cheap read
+            raise _NotFound(f"no conversation {cid} in site {site}")
+        html = self.env.get_template("_batches.html").render(
+            batches=group_batches(items, transcript=_no_transcript if raw else transcript_html), cid=cid, n=0
+        )
         body = {"next": items[-1].seq + 1 if items else start, "html": html}
         return _Page(msgspec.json.encode(body), media_type="application/json")
 
@@ -309,6 +344,24 @@ class Pages:
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
         return await anyio.to_thread.run_sync(fn, *args, limiter=self.limiter)
 
+    def error_page(self, status: int, code: str, message: str, hint: str) -> bytes:
+        return self.html("error.html", status, site=None, code=code, message=message, hint=hint).body
+
+    async def signout(self, request: Request) -> Response:
+        """401 with the sign-in challenge, whatever the request carries: a browser that sent its
+        remembered Basic credentials here forgets them on this answer (it takes them as rejected), so
+        the next page asks for them again. Another site's page cannot sign a reader out (an image or a
+        link there): the browser says where a request comes from (Sec-Fetch-Site), and that is 403."""
+        if request.headers.get("sec-fetch-site", "same-origin") not in ("same-origin", "none"):
+            page = self.error_page(403, "Forbidden", "sign out from logstore's own pages", "")
+            return Response(page, status_code=403, media_type="text/html; charset=utf-8")
+        return Response(
+            self.html("signed_out.html", 401, site=None).body,
+            status_code=401,
+            media_type="text/html; charset=utf-8",
+            headers={"www-authenticate": BASIC_CHALLENGE},
+        )
+
     async def static_file(self, request: Request) -> Response:
         name = request.path_params["name"]
         if name not in self.static:
@@ -332,13 +385,18 @@ def build_ui_app(
         routes=[
             Route("/", pages.conversations, methods=get),
             Route("/status", pages.status, methods=get),
+            Route("/open", pages.open_id, methods=get),
             Route("/c/{cid}", pages.conversation, methods=get),
             Route("/c/{cid}/after", pages.after, methods=get),
             Route("/c/{cid}/export.jsonl", pages.download, methods=get),
             Route("/static/{name}", pages.static_file, methods=get),
         ]
     )
-    app: ASGIApp = BasicAuthMiddleware(router, authenticator, on_failure=on_auth_failure)
+    signed_in: ASGIApp = BasicAuthMiddleware(router, authenticator, on_failure=on_auth_failure)
+    # /signout is outside the authentication: it answers 401 to whatever it is sent (module docstring).
+    app: ASGIApp = Starlette(
+        routes=[Route("/signout", pages.signout, methods=get), Mount("/", app=signed_in)]
+    )
     if allowed_hosts is not None:
         app = HostGuard(app, allowed_hosts)
-    return SecurityHeaders(app)
+    return SecurityHeaders(HtmlErrors(app, pages.error_page))

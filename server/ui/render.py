@@ -11,6 +11,7 @@ is also what they mean in JSON, so a string cannot disguise itself or its neighb
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -20,24 +21,78 @@ from markupsafe import Markup
 
 from logstore.core.models import MemoryItem, rfc3339
 
-__all__ = ["Batch", "payload_html", "group_batches", "relative_time", "TimeView", "time_view"]
+__all__ = [
+    "Batch",
+    "payload_html",
+    "text_html",
+    "plain_line",
+    "group_batches",
+    "relative_time",
+    "TimeView",
+    "time_view",
+    "CUT_CHARS",
+    "CUT_LINES",
+]
 
 _encode = msgspec.json.Encoder().encode
 # Bidi embeddings/overrides/isolates, marks, zero-width characters, separators, BOM, Arabic letter mark.
 _INVISIBLE = re.compile("[\u200b-\u200f\u202a-\u202e\u2028\u2029\u2060-\u2069\ufeff\u061c]")
 OPEN_DEPTH = 2  # containers nested deeper than this start collapsed
+# A string longer than this is cut, its rest behind a "show all" fold (<details>: no script needed), so
+# that a 240 KB tool output is one screen, not 100k px. Lines count for text shown with its newlines.
+CUT_CHARS, CUT_LINES = 2_000, 40
 
 
 def _visible(match: re.Match[str]) -> str:
     return f'<span class="u">\\u{ord(match.group()):04x}</span>'
 
 
-def _string(value: str) -> str:
-    """A JSON string literal as safe HTML (text content only: it never lands in an attribute)."""
-    text = _encode(value).decode("utf-8")
+def _escape(text: str) -> str:
+    """Text as safe HTML content (never an attribute), invisible and bidi characters as escapes."""
     text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&#34;")
     # str.isascii() is O(1) (CPython keeps the widest character): only non-ASCII text needs the scan.
     return text if text.isascii() else _INVISIBLE.sub(_visible, text)
+
+
+def _string(value: str) -> str:
+    """A JSON string literal as safe HTML (text content only: it never lands in an attribute)."""
+    return _escape(_encode(value).decode("utf-8"))
+
+
+def _cut_at(value: str, lines: bool) -> int:
+    """Where to cut ``value`` (its length when it stays whole)."""
+    at = CUT_CHARS if len(value) > CUT_CHARS else len(value)
+    if lines and value.count("\n", 0, at) >= CUT_LINES:
+        end = -1
+        for _ in range(CUT_LINES):
+            end = value.index("\n", end + 1)
+        at = end + 1
+    return at
+
+
+def _fold(head: str, rest: str, size: int, cls: str) -> str:
+    return (
+        f'<span class="{cls}">{head}</span><details class="cut"><summary>show all ({size:,} characters)'
+        f'</summary><span class="{cls}">{rest}</span></details>'
+    )
+
+
+def _json_string(value: str) -> str:
+    """``_string``, cut when long: the literal of a string is the literals of its pieces joined (JSON
+    escapes each character alone), so the head and the rest are encoded apart and never split an escape."""
+    if len(value) <= CUT_CHARS:
+        return f'<span class="s">{_string(value)}</span>'
+    head = _encode(value[:CUT_CHARS]).decode("utf-8")[:-1]
+    rest = _encode(value[CUT_CHARS:]).decode("utf-8")[1:]
+    return _fold(_escape(head), _escape(rest), len(value), "s")
+
+
+def text_html(value: str) -> Markup:
+    """Text shown as written (newlines kept by CSS; Markdown and HTML stay text), cut when long."""
+    at = _cut_at(value, lines=True)
+    if at == len(value):
+        return Markup(f'<span class="t">{_escape(value)}</span>')  # noqa: S704 - escaped above
+    return Markup(_fold(_escape(value[:at]), _escape(value[at:]), len(value), "t"))  # noqa: S704
 
 
 _COMMA = '<span class="p">,</span>'
@@ -47,7 +102,7 @@ def _render(value: Any, depth: int, out: list[str], comma: str = "") -> None:
     """Append ``value``'s HTML to ``out``; ``comma`` follows it (inside a container's fold, so that a
     folded container still shows it)."""
     if isinstance(value, str):
-        out.append(f'<span class="s">{_string(value)}</span>{comma}')
+        out.append(f"{_json_string(value)}{comma}")
     elif isinstance(value, bool) or value is None:
         out.append(
             f'<span class="l">{"null" if value is None else ("true" if value else "false")}</span>{comma}'
@@ -101,6 +156,18 @@ def payload_html(payload: Any) -> Markup:
     return Markup("".join(out))  # noqa: S704 - built only from escaped literals and our own tags
 
 
+_LINE_BREAKS = re.compile(r"\s+")
+
+
+def plain_line(text: str, limit: int) -> str:
+    """``text`` as one line of at most ``limit`` characters (plus an ellipsis), whitespace runs as one
+    space, invisible and bidi characters as their ``\\uXXXX`` escape: plain text, for the template's
+    autoescape (it never holds markup)."""
+    line = _LINE_BREAKS.sub(" ", text[: limit * 4]).strip()
+    line = _INVISIBLE.sub(lambda m: f"\\u{ord(m.group()):04x}", line)
+    return line if len(line) <= limit else line[:limit] + "…"
+
+
 @dataclass(frozen=True, slots=True)
 class TimeView:
     exact: str  # RFC 3339, what the API returns
@@ -127,7 +194,8 @@ class Batch:
     which no reader can tell apart; the PostgreSQL backend keeps no batch boundaries)."""
 
     recorded_at: TimeView
-    items: list[tuple[int, Markup]]  # (seq, the payload's HTML)
+    # (seq, the payload's JSON view, its transcript): exactly one of the two
+    items: list[tuple[int, Markup | None, Markup | None]]
 
     @property
     def first_seq(self) -> int:
@@ -138,7 +206,13 @@ class Batch:
         return self.items[-1][0]
 
 
-def group_batches(items: list[MemoryItem], now: datetime | None = None) -> list[Batch]:
+def group_batches(
+    items: list[MemoryItem],
+    now: datetime | None = None,
+    *,
+    transcript: Callable[[Any], Markup | None] = lambda payload: None,
+) -> list[Batch]:
+    """``transcript``: the payload's transcript view, None when it has none (``server.ui.transcript``)."""
     now = now or datetime.now(UTC)
     batches: list[Batch] = []
     at: datetime | None = None
@@ -146,5 +220,6 @@ def group_batches(items: list[MemoryItem], now: datetime | None = None) -> list[
         if item.recorded_at != at:
             at = item.recorded_at
             batches.append(Batch(time_view(at, now), []))
-        batches[-1].items.append((item.seq, payload_html(item.payload)))
+        turn = transcript(item.payload)  # the page shows one view: the JSON only when there is no turn
+        batches[-1].items.append((item.seq, payload_html(item.payload) if turn is None else None, turn))
     return batches
