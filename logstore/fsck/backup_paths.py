@@ -86,45 +86,43 @@ def _existing_ancestors(path: str) -> Iterator[tuple[_Id, str]]:
         path = parent
 
 
-def _directories_under(root: str) -> Iterator[_Id]:
-    """Identity of every directory below ``root`` (symlinks not followed: they are not part of it)."""
+def _entries_below(root: str, *, skip: type[OSError]) -> Iterator[os.DirEntry[str]]:
+    """Every entry below ``root``, depth first, symlinks not followed (they are not part of it); a
+    directory that cannot be listed with ``skip`` (its class or a subclass) is passed over."""
     stack = [root]
     while stack:
         top = stack.pop()
         try:
             with os.scandir(top) as it:
                 entries = list(it)
-        except OSError:
+        except skip:
             continue
         for entry in entries:
+            yield entry
             try:
                 if entry.is_dir(follow_symlinks=False):
-                    st = entry.stat(follow_symlinks=False)
-                    yield st.st_dev, st.st_ino
                     stack.append(entry.path)
-            except OSError:
+            except skip:
                 continue
+
+
+def _directories_under(root: str) -> Iterator[_Id]:
+    """Identity of every directory below ``root`` (symlinks not followed: they are not part of it)."""
+    for entry in _entries_below(root, skip=OSError):
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                st = entry.stat(follow_symlinks=False)
+                yield st.st_dev, st.st_ino
+        except OSError:
+            continue
 
 
 def links_in(root: str) -> list[str]:
     """Every symbolic link below ``root`` (not followed). A backup, a restore's source and its target must
     hold none: ``DEST/sites -> <data dir>/sites`` would make a backup write into its own source, and a log
-    that is a symlink would restore whatever file it names."""
-    found: list[str] = []
-    stack = [root]
-    while stack:
-        top = stack.pop()
-        try:
-            with os.scandir(top) as it:
-                entries = list(it)
-        except FileNotFoundError:
-            continue
-        for entry in entries:
-            if entry.is_symlink():
-                found.append(entry.path)
-            elif entry.is_dir(follow_symlinks=False):
-                stack.append(entry.path)
-    return sorted(found)
+    that is a symlink would restore whatever file it names. A directory that cannot be read is an error
+    (a link there would go unseen); one removed meanwhile is not."""
+    return sorted(e.path for e in _entries_below(root, skip=FileNotFoundError) if e.is_symlink())
 
 
 def refuse_links(root: str, other: str, *, field: str) -> None:
