@@ -141,6 +141,7 @@ def one_shot(n: int, err: int = errno_mod.EIO, only: frozenset[str] | None = Non
         seen[0] += 1
         return err if k == n else None
 
+    plan.seen = seen  # type: ignore[attr-defined]  # calls it was asked about: did the run reach the n-th?
     return plan
 
 
@@ -155,6 +156,7 @@ def sticky(n: int, err: int = errno_mod.EIO, only: frozenset[str] | None = None)
         seen[0] += 1
         return err if k >= n else None
 
+    plan.seen = seen  # type: ignore[attr-defined]  # calls it was asked about: did the run reach the n-th?
     return plan
 
 

@@ -234,16 +234,24 @@ def test_io_error_at_every_call(template, mode):
         plans = [(n, one_shot(n, errno.ENOSPC, WRITE_LIKE), 1) for n in range(write_like)]
     else:
         plans = [(n, sticky(n, errno.ENOSPC, WRITE_LIKE), 2) for n in range(write_like)]
-    runs = faults = verified = 0
+    runs = faults = verified = short = 0
     for n, plan, clear_after in plans:
         try:
             _, injected, ok = one_run(template, plan, clear_after, seed=n)
         except Exception as exc:
             raise TortureFailure(f"{mode} fault at call {n}: {type(exc).__name__}: {exc}") from exc
+        # Every run that reached its n-th call really got its fault. A run may make a call or two fewer
+        # than the counting run: background work (the manifest's compaction of a journal rolled at load,
+        # the reconciliation sweep) interleaves with the workload by timing, so the last plans may lie
+        # past a run's end (seen here: 457 to 466 calls in twelve fault-free runs); only those, in the last
+        # 5% of the plans, may end short of their fault.
+        if not injected and (plan.seen[0] > n or n < len(plans) * 0.95):
+            raise TortureFailure(f"{mode} fault at call {n}: not injected ({plan.seen[0]} calls asked)")
+        short += not injected
         runs += 1
         faults += injected
         verified += ok
-    assert faults >= len(plans)  # every run really hit its fault
+    assert faults >= len(plans) - short
     FIGURES.io_fault_runs += runs
     FIGURES.io_faults_injected += faults
     FIGURES.batches_verified += verified
