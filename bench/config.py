@@ -40,6 +40,7 @@ class Profile:
     peer_items: int  # P12: items in the conversation for the "full" state (0: P12 skipped)
     peer_seconds: float  # P12: seconds of writes per session
     peer_reads: int  # P12: timed reads per session
+    new_conversations: int = 200  # P14: new conversations per round
 
     def scaled(self, **changes: Any) -> Profile:
         return replace(self, **changes)
@@ -105,6 +106,7 @@ PROFILES = {
         peer_items=0,  # starts node (and npm) processes: tests/test_bench_peer.py covers it instead
         peer_seconds=0.2,
         peer_reads=1,
+        new_conversations=20,
     ),
 }
 
