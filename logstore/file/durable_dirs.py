@@ -8,21 +8,20 @@ directory that existed (a hole: a process killed between its ``mkdir`` and its p
 power loss after another process acknowledged a log in that directory, lost the log), and
 ``makedirs_durable`` paid one extra fsync on every call, proven or not.
 
-Rule: before a log's first frame is acknowledged (and before the commit point vouches for it), its
-directory is in ``DurableDirs``: this process made the directory's entry durable (fsynced its parent
-after making it or finding it: ``makedirs_durable``, which adds what it proves). ``make`` (before the
-lock file can be opened there) creates a missing directory with every level above it proven, and leaves
-its own parent's fsync to ``ensure`` at the first commit, after the frame's ``fdatasync`` and the log's
-directory fsync: on ext4 the ``mkdir`` was committed with the manifest's creation record, so that fsync
-finds nothing left to write. Then:
+Rule: before a log is created in a directory (and so before the manifest's creation record of it, which
+fsck and the reconciliation then expect to find a directory for), the directory is in ``DurableDirs``:
+this process made its entry durable (fsynced its parent after making it or finding it:
+``makedirs_durable``, which adds what it proves). A log created by another process that died before
+its first commit gets the same proof at its first commit here (``prove``). Then:
 - a new conversation in a directory already proven costs no directory work but its own entry's fsync;
 - in a new fan-out directory under a proven parent: ``mkdir`` and one fsync of the parent (the extra
   fsync of the deepest existing level is skipped: that level is proven);
 - in a directory that exists but was never proven here: one fsync of its parent, once per process.
 A directory that goes (a purge removes the site's tree) is forgotten when its removal is seen
-(``forget``: the lock file's ENOENT where it was proven, or a ``mkdir`` under a proven parent), and
-proven again when it is made again. The set is bounded by the
-fan-out (65,536 leaves and 256 parents per site).
+(``forget``: the lock file's ENOENT where it was proven, or a ``mkdir`` ENOENT under a proven parent), and
+proven again when it is made again. The set is bounded by the fan-out (65,536 leaves and 256 parents
+per site). What this cannot see: a purge that removed a directory proven here and another process that
+made it again and died before fsyncing its parent, all before this process's next log there.
 """
 
 from __future__ import annotations
@@ -57,17 +56,13 @@ class DurableDirs:
                 self.forget()
                 raise
 
-    def make(self, path: str) -> None:
-        """Create ``path`` (absolute) if missing, every level above it proven; its own entry is proven
-        by ``ensure`` before anything in it is acknowledged. Raises ``OSError``."""
-        self.ensure(os.path.dirname(path))
-        try:
-            self._ops.mkdir(path)
-        except FileExistsError:
-            pass
-        except FileNotFoundError:  # a parent proven here went since (a purge): prove again next time
-            self.forget()
-            raise
+    def prove(self, path: str) -> None:
+        """``ensure`` of a directory known to exist (a log was just created in it): no walk, one fsync of
+        its parent unless proven (the levels above: ``makedirs_durable``'s rule for the deepest existing
+        level). Raises ``OSError``."""
+        if path not in self._proven:
+            self._ops.fsync_dir(os.path.dirname(path))
+            self._proven.add(path)
 
     def forget(self) -> None:
         """A directory was found gone (a purge): prove everything again from here on."""

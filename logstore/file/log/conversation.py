@@ -273,7 +273,7 @@ class ConversationLog:
                     last = attempt == _DIRECTORY_TRIES
                     if not self._directory_ready:  # the file lock lives there
                         try:
-                            self._dirs.make(self.paths.directory)
+                            self._dirs.ensure(self.paths.directory)
                         except OSError as exc:
                             if exc.errno == errno.ENOENT and not last:
                                 continue
@@ -298,6 +298,10 @@ class ConversationLog:
         files = self._files
         self._refresh_locked_io()
         if not files.has_log:
+            try:  # the directory's own entry before anything names the log (``durable_dirs``)
+                self._dirs.ensure(self.paths.directory)
+            except OSError as exc:
+                raise files.io_error("mkdir", exc) from exc
             if self._on_create is not None:
                 self._on_create(self.conversation_id)  # durable manifest record first: manifest ⊇ logs
             files.create()

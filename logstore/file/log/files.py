@@ -394,7 +394,7 @@ class LogFiles:
                 point=point,
             )
             if encoded.write_start == 0:  # the first frame: its directory's own entry too (durable_dirs)
-                self._dirs.ensure(self.paths.directory)
+                self._dirs.prove(self.paths.directory)
             write_raw(self.ops, self._point_fd, point)  # durable: the commit point moves, for everyone
         except OSError as exc:
             self.poison(encoded.data)
