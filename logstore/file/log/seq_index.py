@@ -95,7 +95,6 @@ class SidecarIndex:
         # starts a new one, so (buffer, valid) names the entry.
         self._lag_of: tuple[bytearray, int] | None = None
         self._lag_from: int | None = None
-        self._deferred = False  # a new log's: opened at the first write (``open_new``)
 
     def open_and_read(self) -> bytearray:
         """Open (creating it) and return its checked-header entries; empty if it cannot be opened (the
@@ -109,14 +108,15 @@ class SidecarIndex:
         return bytearray(index_entries(self.ops.pread(self.fd, self.ops.size(self.fd), 0)))
 
     def open_new(self) -> None:
-        """For a log just created (empty): nothing to read, and the file is opened only when the first
-        entries are written (``write``: most short conversations first at their close), with valid = 0,
-        so anything an earlier log of that name left there is rewritten or cut. No syscall here."""
-        self.close()
-        self._deferred = True
+        """Open it for a log just created (empty): any entries left by an earlier log of that name (an
+        erasure stopped before removing its index) are cut, unread. A failure is logged, as above."""
+        self.valid = 0
+        try:
+            self.fd = self.ops.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
+        except OSError as exc:
+            log.warning("cannot open index %s: %s", self.path, exc)
 
     def close(self) -> None:
-        self._deferred = False
         if self.fd is not None:
             try:
                 self.ops.close(self.fd)
@@ -129,7 +129,7 @@ class SidecarIndex:
         path only once it lags by ``LAG_FRAMES`` frames or ``LAG_BYTES`` of log (``force``: on close).
         The index is a hint (recovery scans from its last good entry), so a lag costs a longer scan
         after a crash, bounded by those two figures, and saves a write per append."""
-        if n <= self.valid or (self.fd is None and not self._deferred):
+        if self.fd is None or n <= self.valid:
             return
         if not force and n - self.valid < LAG_FRAMES:
             lag_of = self._lag_of
@@ -138,15 +138,7 @@ class SidecarIndex:
                 self._lag_of, self._lag_from = (entries, self.valid), None if first is None else first[0]
             if self._lag_from is not None and end - self._lag_from < LAG_BYTES:
                 return
-        if self.fd is None:  # deferred by ``open_new``
-            self._deferred = False
-            try:
-                self.fd = self.ops.open(self.path, os.O_RDWR | os.O_CREAT)
-            except OSError as exc:
-                log.warning("cannot open index %s: %s", self.path, exc)
-                return
-        else:
-            self.follow_replaced()
+        self.follow_replaced()
         if self.fd is not None:
             self.valid = write_index(self.ops, self.fd, entries, n, self.valid, name=self.path)
 
