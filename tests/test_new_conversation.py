@@ -3,8 +3,9 @@ why each sync is there (the power loss cases below; tests/test_torture_powerloss
 
 Per new conversation in a fan-out directory this process already proved durable: 3 syncs - the manifest's
 creation record (fdatasync, before the log exists: manifest ⊇ logs), the frame (fdatasync), the log's
-directory entry (directory fsync, before the first acknowledgement) - and the commit point written once,
-by the commit (it used to be written three times: an empty record, recovery's, the commit's).
+directory entry (directory fsync, before the first acknowledgement) - and the commit point written twice:
+a record at 0 before the log exists, so that a reader never waits for a creator that stalls, then the
+commit's (it used to be written three times: that record, recovery's rewrite of it, the commit's).
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ def kinds(syncs: list[tuple[str, str]], paths) -> list[tuple[str, str]]:
     return named
 
 
-def test_new_conversation_in_a_proven_directory_costs_three_syncs_and_one_record(tmp_path):
+def test_new_conversation_in_a_proven_directory_costs_three_syncs_and_two_records(tmp_path):
     ops = CountingOps()
     with Store(str(tmp_path / "data"), file_ops=ops) as store:
         first = "first-conversation"
@@ -106,7 +107,8 @@ def test_new_conversation_in_a_proven_directory_costs_three_syncs_and_one_record
                 ("fdatasync", "log"),  # the frame
                 ("fsync_dir", "fan-out dir"),  # the log's entry, before the acknowledgement
             ]
-            assert ops.point_writes == [paths.lock]  # once, by the commit
+            # twice: a record at 0 before the log exists (readers never wait for its creator), the commit
+            assert ops.point_writes == [paths.lock, paths.lock]
             with open(paths.lock, "rb") as f:
                 point = decode(f.read(RECORD_SIZE))
             assert point is not None and point.next_seq == got.last + 1 == 2
@@ -186,9 +188,10 @@ class FailingLogOps(CountingOps):
 
 
 def test_regression_failed_first_write_whose_cleanup_failed_is_cut(tmp_path):
-    """The first write of a new log fails (its fdatasync) and so does the cut back to 0. No commit point
-    was written for the new log yet, which is how the writer knows nobody vouched for its frame: the
-    next append cuts it instead of taking it in (a batch reported failed must never be served)."""
+    """The first write of a new log fails (its fdatasync) and so does the cut back to 0. The record at 0
+    written before the log existed is still in the failed write's epoch, which is how the writer knows
+    nobody vouched for its frame: the next append cuts it instead of taking it in (a batch reported
+    failed must never be served)."""
     cid = "conv-first-fails"
     ops = FailingLogOps()
     with Store(str(tmp_path / "data"), file_ops=ops) as store:

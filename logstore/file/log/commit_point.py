@@ -83,7 +83,8 @@ class CommitPoint(NamedTuple):
 
     def trusted_for(self, ino: int) -> bool:
         """Whether a reader of the log with inode ``ino`` may serve frames up to ``end`` without the lock.
-        A record at 0 vouches for nothing, so it holds for any file (recovery of an empty log writes one)."""
+        A record at 0 vouches for nothing, so it holds for any file: a writer writes one before it creates
+        a log (``LogFiles.create``), and readers of a log being created need no lock."""
         return (self.ino == ino or self.end == 0) and self.boot == boot.boot_id()
 
 

@@ -345,35 +345,42 @@ class LogFiles:
 
     # ------------------------------------------------------------------ writing
     def create(self) -> None:
-        """Create the log (there is none: ``has_log`` is False after a refresh) and load it as new: an
-        empty file has nothing to recover, so there is no scan and no record yet. Caller holds the file
-        lock and the I/O lock, and has made the manifest's record of it durable first (manifest ⊇ logs).
-        The log's entry and its directory's (``durable_dirs``) are made durable by its first commit
-        (``write``), which also covers a log left by an attempt that failed before syncing them.
-
-        The commit point is written once, by that commit, in the epoch chosen here. Until then the lock
-        file holds no record trusted for this log (none; zeros, as an erasure leaves them; or another
-        inode's), so a reader of another process that finds the new log takes the file lock and waits
-        for the commit, and a failed first write is known as ours (``tail.cut_own_failed_write``)."""
+        """Create the log (there is none: ``has_log`` is False after a refresh) and load it as new, with
+        no scan. Caller holds the file lock and the I/O lock, and has made the manifest's record of it
+        durable first (manifest ⊇ logs). The log's entry and its directory's (``durable_dirs``) are made
+        durable by its first commit (``write``), also for a log an attempt left before syncing them.
+        Before the log exists, a record at 0 in the new state's epoch: it holds for any inode, so a
+        reader that finds the log serves it empty without waiting for a creator that stalls (without it,
+        test_torture_kill9's readers timed out behind SIGSTOPped creators), and a failed first write is
+        known as ours by its epoch. The first commit writes the second and last record of creation."""
+        epoch = new_epoch()
+        record = encode(CommitPoint(boot.boot_id(), epoch, 0, 0, 0))
         try:
-            fd = self.ops.open(self.paths.log, os.O_RDWR | os.O_CREAT | os.O_EXCL)
-        except FileExistsError:  # not under this lock: judge what is there like any log
-            self.load_locked()
-            return
+            point_fd = self.ops.open_writable(self.paths.lock, os.O_RDWR | os.O_CREAT)
         except OSError as exc:
             raise self.io_error("create", exc) from exc
         try:
+            write_raw(self.ops, point_fd, record)
+            fd = self.ops.open(self.paths.log, os.O_RDWR | os.O_CREAT | os.O_EXCL)
+        except FileExistsError:  # not under this lock: judge what is there like any log
+            self.ops.close(point_fd)
+            self.load_locked()
+            return
+        except OSError as exc:
+            self.ops.close(point_fd)
+            raise self.io_error("create", exc) from exc
+        try:
             log_id = self.ops.file_id(fd)
-            point_fd = self.ops.open_writable(self.paths.lock, os.O_RDWR | os.O_CREAT)
         except OSError as exc:
             self.ops.close(fd)
+            self.ops.close(point_fd)
             raise self.io_error("create", exc) from exc
         with self._state_lock:
             self._generation += 1
             self._log_fd, self._log_id, self._point_fd = fd, log_id, point_fd
         self._index.open_new()
         self._chunk = 0
-        self._install(LogState(bytearray()), new_epoch())
+        self._install(LogState(bytearray(), point=record), epoch)
 
     def write(self, encoded: EncodedGroup) -> Written:
         """Write a group's frames at the published end, make them durable, move the commit point, publish

@@ -139,11 +139,9 @@ def cut_own_failed_write(
     for anything since), and the frames are byte for byte that write's (all of them, or the complete ones
     of a torn write). Anything else is not ours to cut (False; the caller forgets ``failed``): another
     process's frames, or ours once a commit point vouches for them. Raises ``OSError``."""
-    if failed.offset == 0 and (point is None or point.ino != ino):
-        pass  # a new log's first write: no record of this log yet, so nobody vouched for any of it
-    elif point is None or not point.trusted_for(ino) or point.epoch != failed.epoch:
+    if point is None or not point.trusted_for(ino) or point.epoch != failed.epoch:
         return False  # another boot, file or epoch (a repair, an erasure): nothing of ours to know
-    elif point.end != failed.offset:
+    if point.end != failed.offset:
         taken = min(point.end, failed.offset + len(failed.frames)) - failed.offset
         if taken > 0 and ops.pread(fd, taken, failed.offset) == failed.frames[:taken]:
             log.warning(
