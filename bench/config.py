@@ -42,6 +42,7 @@ class Profile:
     peer_reads: int  # P12: timed reads per session
     langgraph_sizes: tuple[int, ...] = (100, 1_000, 10_000)  # C3: messages in the thread
     langgraph_steps: int = 5  # C3: timed turns per round and size
+    new_conversations: int = 200  # P14: new conversations per round
 
     def scaled(self, **changes: Any) -> Profile:
         return replace(self, **changes)
@@ -110,6 +111,7 @@ PROFILES = {
         peer_reads=1,
         langgraph_sizes=(10, 100),
         langgraph_steps=2,
+        new_conversations=20,
     ),
 }
 

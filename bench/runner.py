@@ -3,7 +3,7 @@
     python -m bench                 # full profile (~10 min; P5 at 10k and 1M conversations)
     python -m bench --quick         # about a minute
     python -m bench --only P1 P5    # a subset (ids: P1 P1-cpu P2 P3 sweep S-b250 P4 P5 P6 P7 P8 P9-P11
-                                    # P6-floor P6-pg P12 P13 C1 C2; P1-P3 run together, so do P9-P11)
+                                    # P6-floor P6-pg P12 P13 P14 C1 C2; P1-P3 run together, so do P9-P11)
 
 Scratch data goes to ``--tmp-dir`` (default $LOGSTORE_BENCH_TMP or the system temp dir) and is deleted.
 A measure that fails is reported in the table and makes the exit status 1; ``--strict`` re-raises instead.
@@ -28,6 +28,7 @@ from .fsck import measure_fsck
 from .langgraph_steps import measure_langgraph
 from .listing import measure_listing
 from .mcp_calls import measure_mcp
+from .new_conversations import measure_new_conversations
 from .peer import measure_peer
 from .postgres import measure_mcp_postgres, measure_postgres
 from .reads import measure_reads
@@ -58,6 +59,7 @@ SECTIONS: dict[str, tuple[tuple[str, ...], Section]] = {
     "postgres": (("P9", "P10", "P11"), lambda p, d, a: measure_postgres(p, d)),
     "mcp-postgres": (("P6-pg",), lambda p, d, a: measure_mcp_postgres(p, d)),
     "ui": (("P13",), lambda p, d, a: measure_ui_page(p, d)),
+    "new-conversations": (("P14",), lambda p, d, a: measure_new_conversations(p, d)),
     "listing": (
         ("P5",),
         lambda p, d, a: measure_listing(p.listing_sizes, p.runs, p.list_calls, a.tmp_dir, a.jobs),
@@ -85,6 +87,7 @@ _ORDER = (
     "P11",
     "P12",
     "P13",
+    "P14",
     "C1",
     "C1-down",
     "C2",
@@ -132,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         "--only",
         nargs="+",
         metavar="ID",
-        help="P1 P1-cpu P2 P3 P4 P4-x P5 P6 P7 P8 P9 P10 P11 P12 P13 C1 C2 C3-100 sweep S-b250",
+        help="P1 P1-cpu P2 P3 P4 P4-x P5 P6 P7 P8 P9 P10 P11 P12 P13 P14 C1 C2 C3-100 sweep S-b250",
     )
     parser.add_argument("--runs", type=int, help="rounds per measure (default from the profile)")
     parser.add_argument("--conversations", type=int, nargs="+", help="P5 site sizes")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 _P6 = ("P6", "P6-sdk", "P6-cpu", "P6-w2", "P6-floor")
-IDS = ("P1", "P2", "P3", "P4", "P5", *_P6, "P7", "P8", "P12", "P13", "C1", "C2", "C3-100")
+IDS = ("P1", "P2", "P3", "P4", "P5", *_P6, "P7", "P8", "P12", "P13", "P14", "C1", "C2", "C3-100")
 
 
 def _run_bench(tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedProcess[str], dict]:

@@ -12,6 +12,7 @@ from dataclasses import replace
 import pytest
 
 from logstore import Store
+from logstore.file.durable_dirs import DurableDirs
 from logstore.file.fileio import FileOps
 from logstore.file.layout import conversation_paths
 from logstore.file.locking import PathLock
@@ -162,7 +163,7 @@ def test_the_rows_through_log_files(tmp_path):
     writer = Store(data)
     writer.append(SITE, CID, [{"n": 0}])
     ops = CountingOps()
-    files = LogFiles(ops, conversation_paths(data, SITE, CID))
+    files = LogFiles(ops, conversation_paths(data, SITE, CID), DurableDirs(ops))
     lock = PathLock(files.paths.lock)
     try:
         # NONE, no lock: LOAD (what the commit point vouches for).

@@ -186,7 +186,7 @@ class FileOps:
             return None
 
     # --- compound operations (built only from the primitives above) -------------------------------
-    def makedirs_durable(self, path: str) -> None:
+    def makedirs_durable(self, path: str, proven: set[str] | None = None) -> None:
         """Create ``path`` and missing parents so that, when this returns, every entry on the way survives
         a crash.
 
@@ -194,24 +194,31 @@ class FileOps:
         may have failed at the parent fsync (or its process died just before it). So besides the parent of
         every directory created here, the parent of the deepest directory that already existed is fsynced
         too. A failed attempt stops at its first failure, leaving at most that one level unsynced, and a
-        retry makes it durable. Cost: one extra directory fsync per call (callers call it rarely)."""
+        retry makes it durable. Cost: one extra directory fsync per call (callers call it rarely).
+
+        ``proven``: absolute paths whose entries this process already made durable (``DurableDirs``): the
+        walk stops at one without the extra fsync, and every directory made durable here is added."""
         path = os.path.abspath(path)
         missing = []
         existing = path
-        while not self.exists(existing):
+        while (proven is None or existing not in proven) and not self.exists(existing):
             missing.append(existing)
             parent = os.path.dirname(existing)
             if parent == existing:
                 break
             existing = parent
-        if existing != os.path.dirname(existing):
+        if (proven is None or existing not in proven) and existing != os.path.dirname(existing):
             self.fsync_dir(os.path.dirname(existing))
+            if proven is not None:
+                proven.add(existing)
         for directory in reversed(missing):
             try:
                 self.mkdir(directory)
             except FileExistsError:
                 pass  # created concurrently; still fsync its parent below
             self.fsync_dir(os.path.dirname(directory))
+            if proven is not None:
+                proven.add(directory)
 
     def atomic_write(self, path: str, data: bytes) -> None:
         """Replace ``path`` with ``data``: temp file + fsync + rename + directory fsync."""

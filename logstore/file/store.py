@@ -23,6 +23,7 @@ from ..core.limits import DEFAULT_LIST_LIMIT, DEFAULT_RECALL_COUNT, MAX_READ_COU
 from ..core.models import ConversationListing, MemoryItem, SeqRange
 from . import layout
 from .data_dir_lock import DataDirLock
+from .durable_dirs import DurableDirs
 from .fileio import OS_FILE_OPS, FileOps
 from .log.conversation import AppendRequest, CommitInfo, ConversationLog
 from .log.frame import encode_items
@@ -47,8 +48,9 @@ class Store:
         self.ops = file_ops
         self.max_open_conversations = max(1, max_open_conversations)
         lock: DataDirLock | None = None
+        self._durable_dirs = DurableDirs(self.ops)  # fan-out directories proven durable (new logs)
         try:
-            self.ops.makedirs_durable(layout.sites_dir(self.data_dir))
+            self._durable_dirs.ensure(layout.sites_dir(self.data_dir))
             # Held shared until close: an offline-only command (restore) refuses while any store has the
             # data dir open, and a store does not open one that such a command is rewriting.
             lock = DataDirLock.shared(self.ops, self.data_dir, timeout=self.lock_timeout)
@@ -252,6 +254,7 @@ class Store:
             conversation_id,
             layout.conversation_paths(self.data_dir, site, conversation_id),
             lock_timeout=self.lock_timeout,
+            dirs=self._durable_dirs,
             on_create=manifest.record_created,
             on_commit=manifest.record_commit,
         )

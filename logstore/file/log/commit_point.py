@@ -62,7 +62,6 @@ __all__ = [
     "new_epoch",
     "read_raw",
     "write_raw",
-    "write_empty",
     "invalidate",
 ]
 
@@ -85,7 +84,7 @@ class CommitPoint(NamedTuple):
     def trusted_for(self, ino: int) -> bool:
         """Whether a reader of the log with inode ``ino`` may serve frames up to ``end`` without the lock.
         A record at 0 vouches for nothing, so it holds for any file: a writer writes one before it creates
-        a log, and readers of a log being created need no lock."""
+        a log (``LogFiles.create``), and readers of a log being created need no lock."""
         return (self.ino == ino or self.end == 0) and self.boot == boot.boot_id()
 
 
@@ -130,15 +129,6 @@ def read_raw(ops: FileOps, fd: int) -> bytes:
 
 def write_raw(ops: FileOps, fd: int, raw: bytes) -> None:
     ops.pwrite(fd, raw, 0)
-
-
-def write_empty(ops: FileOps, lock_path: str) -> None:
-    """Before a writer creates a log (holding its file lock): a record that vouches for nothing yet."""
-    fd = ops.open(lock_path, os.O_RDWR | os.O_CREAT)
-    try:
-        write_raw(ops, fd, encode(CommitPoint(boot.boot_id(), new_epoch(), 0, 0, 0)))
-    finally:
-        ops.close(fd)
 
 
 def invalidate(ops: FileOps, lock_path: str) -> None:

@@ -51,6 +51,7 @@ from collections.abc import Callable
 from ...core import observe
 from ...core.errors import Corrupted, Io, Timeout, Unavailable
 from ...core.models import MemoryItem, SeqRange
+from ..durable_dirs import DurableDirs
 from ..fileio import FileOps
 from ..layout import ConversationPaths
 from ..locking import PathLock
@@ -81,14 +82,17 @@ class ConversationLog:
         paths: ConversationPaths,
         *,
         lock_timeout: float,
+        dirs: DurableDirs,
         on_create: Callable[[str], None] | None = None,
         on_commit: Callable[[CommitInfo], None] | None = None,
     ) -> None:
         self.conversation_id = conversation_id
         self.paths = paths
         self.lock_timeout = lock_timeout
-        self._files = LogFiles(ops, paths)
-        self._directory_ready = ops.exists(paths.directory)
+        self._files = LogFiles(ops, paths, dirs)
+        # Optimistic: a missing directory shows as the lock file's ENOENT (no ``access`` per open).
+        self._directory_ready = True
+        self._dirs = dirs
         self._on_create = on_create
         self._on_commit = on_commit
         # Owned by this object alone and closed only by ``close`` (under ``_commit_lock``, after which no
@@ -269,7 +273,7 @@ class ConversationLog:
                     last = attempt == _DIRECTORY_TRIES
                     if not self._directory_ready:  # the file lock lives there
                         try:
-                            self._files.ops.makedirs_durable(self.paths.directory)
+                            self._dirs.ensure(self.paths.directory)
                         except OSError as exc:
                             if exc.errno == errno.ENOENT and not last:
                                 continue
@@ -281,6 +285,8 @@ class ConversationLog:
                     except Io as exc:
                         if exc.errno != errno.ENOENT or last:
                             raise
+                        if self.paths.directory in self._dirs:  # proven, then removed: a purge
+                            self._dirs.forget()
                         self._directory_ready = False
                 with self._io_lock:
                     self._commit_group(group)
@@ -292,6 +298,10 @@ class ConversationLog:
         files = self._files
         self._refresh_locked_io()
         if not files.has_log:
+            try:  # the directory's own entry before anything names the log (``durable_dirs``)
+                self._dirs.ensure(self.paths.directory)
+            except OSError as exc:
+                raise files.io_error("mkdir", exc) from exc
             if self._on_create is not None:
                 self._on_create(self.conversation_id)  # durable manifest record first: manifest ⊇ logs
             files.create()

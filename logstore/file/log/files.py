@@ -26,16 +26,16 @@ from dataclasses import replace
 
 from ...core.errors import Io
 from .. import boot
+from ..durable_dirs import DurableDirs
 from ..fileio import FileOps
 from ..layout import ConversationPaths
-from .commit_point import CommitPoint, decode, encode, new_epoch, read_raw, write_empty, write_raw
+from .commit_point import CommitPoint, decode, encode, new_epoch, read_raw, write_raw
 from .freshness import Action, Record, decide, observe_locked
 from .group_commit import ReaderGuard
 from .recovery import (
     EMPTY_STATE,
     LogState,
-    absorb,
-    judge,
+    extended,
     recover,
     recovered_state,
     rescanned_state,
@@ -53,9 +53,10 @@ _NONE, _SAME, _OTHER, _SERVE, _RECOVER = Record.NONE, Record.SAME, Record.OTHER,
 
 
 class LogFiles:
-    def __init__(self, ops: FileOps, paths: ConversationPaths) -> None:
+    def __init__(self, ops: FileOps, paths: ConversationPaths, dirs: DurableDirs) -> None:
         self.ops = ops
         self.paths = paths
+        self._dirs = dirs  # proven before a first frame is acknowledged (``write``)
         self._state_lock = threading.Lock()  # guards swapping ``_state`` and ``_generation``; brief
         self._fd_readers = ReaderGuard()
         self._generation = 0  # bumped whenever descriptors are closed or state is rebuilt
@@ -333,56 +334,53 @@ class LogFiles:
         return state.end > vouched
 
     def _extend(self, state: LogState, raw: bytes) -> bool:
-        """Take in the frames the commit point ``raw`` vouches for past ``state`` (durable, so no verdict
-        to make); False if it does not simply extend ``state`` in the same epoch (the caller reloads).
-        Without the file lock, the record is read again after the scan (a seqlock: a tool invalidates it
-        before it cuts). Caller holds the I/O lock."""
-        point = decode(raw)
-        if (
-            point is None
-            or point.epoch != self._epoch
-            or not point.trusted_for(self._ino)
-            or point.end < state.end
-            or point.damage is not None
-            or state.corrupt is not None
-        ):
-            return False
+        """Publish ``state`` extended to what the commit point ``raw`` vouches for (``recovery.extended``);
+        False if it does not simply extend it (the caller reloads). Caller holds the I/O lock."""
         assert self._log_fd is not None and self._point_fd is not None
-        if point.end > state.end:
-            result = scan_log(
-                self.ops,
-                self._log_fd,
-                start=state.end,
-                expected_seq=state.next_seq,
-                last_recorded_at=state.last_at,
-                last_version=state.version,
-                file_size=point.end,
-            )
-            if result.state is not ScanState.CLEAN or result.end != point.end:
-                return False
-            again = decode(read_raw(self.ops, self._point_fd))
-            if again is None or again.epoch != point.epoch or again.ino != point.ino:
-                return False
-            state = replace(absorb(state, result, judge(result, None)), size=max(state.size, point.end))
-        if state.next_seq != point.next_seq:
+        new = extended(self.ops, self._log_fd, self._point_fd, state, raw, epoch=self._epoch, ino=self._ino)
+        if new is None:
             return False
-        self._publish(with_created_at(self.ops, self._log_fd, replace(state, point=raw)))
+        self._publish(new)
         return True
 
     # ------------------------------------------------------------------ writing
     def create(self) -> None:
-        """Create the log (there is none: ``has_log`` is False after a refresh). Caller holds the file
-        lock and the I/O lock, and has made the manifest's record of it durable first."""
+        """Create the log (there is none: ``has_log`` is False after a refresh) and load it as new, with
+        no scan. Caller holds the file lock and the I/O lock, and has made the manifest's record of it
+        durable first (manifest ⊇ logs). The log's entry and its directory's (``durable_dirs``) are made
+        durable by its first commit (``write``), also for a log an attempt left before syncing them.
+        Before the log exists, a record at 0 in the new state's epoch: it holds for any inode, so a
+        reader that finds the log serves it empty without waiting for a creator that stalls (without it,
+        test_torture_kill9's readers timed out behind SIGSTOPped creators), and a failed first write is
+        known as ours by its epoch. The first commit writes the second and last record of creation."""
+        epoch = new_epoch()
+        record = encode(CommitPoint(boot.boot_id(), epoch, 0, 0, 0))
         try:
-            # A record at 0 first: a reader that finds the new log before its first record needs no lock.
-            write_empty(self.ops, self.paths.lock)
-            # The directory entry is made durable by the first frame's commit (``write``), which also
-            # covers a log left by an attempt or a process that failed before syncing it.
-            fd = self.ops.open(self.paths.log, os.O_RDWR | os.O_CREAT)
-            self.ops.close(fd)
+            point_fd = self.ops.open_writable(self.paths.lock, os.O_RDWR | os.O_CREAT)
         except OSError as exc:
             raise self.io_error("create", exc) from exc
-        self.load_locked()
+        try:
+            write_raw(self.ops, point_fd, record)
+            fd = self.ops.open(self.paths.log, os.O_RDWR | os.O_CREAT | os.O_EXCL)
+        except FileExistsError:  # not under this lock: judge what is there like any log
+            self.ops.close(point_fd)
+            self.load_locked()
+            return
+        except OSError as exc:
+            self.ops.close(point_fd)
+            raise self.io_error("create", exc) from exc
+        try:
+            log_id = self.ops.file_id(fd)
+        except OSError as exc:
+            self.ops.close(fd)
+            self.ops.close(point_fd)
+            raise self.io_error("create", exc) from exc
+        with self._state_lock:
+            self._generation += 1
+            self._log_fd, self._log_id, self._point_fd = fd, log_id, point_fd
+        self._index.open_new()
+        self._chunk = 0
+        self._install(LogState(bytearray(), point=record), epoch)
 
     def write(self, encoded: EncodedGroup) -> Written:
         """Write a group's frames at the published end, make them durable, move the commit point, publish
@@ -402,6 +400,8 @@ class LogFiles:
                 directory=self.paths.directory,
                 point=point,
             )
+            if encoded.write_start == 0:  # the first frame: its directory's own entry too (durable_dirs)
+                self._dirs.prove(self.paths.directory)
             write_raw(self.ops, self._point_fd, point)  # durable: the commit point moves, for everyone
         except OSError as exc:
             self.poison(encoded.data)

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from ..fileio import FileOps
+from .commit_point import decode, read_raw
 from .frame import FORMAT_VERSION, Frame, Invalid, NeedMore, decode_header
 from .index_codec import ENTRY_SIZE, decode_entry, encode_entry
 from .scanner import ScanResult, ScanState, read_frame_at, scan_log
@@ -248,3 +249,42 @@ def with_created_at(ops: FileOps, fd: int | None, state: LogState) -> LogState:
         return state
     header = decode_header(ops.pread(fd, 64, 0))
     return replace(state, created_at=header.recorded_at if header else state.last_at)
+
+
+def extended(
+    ops: FileOps, fd: int, point_fd: int, state: LogState, raw: bytes, *, epoch: bytes, ino: int
+) -> LogState | None:
+    """``state`` (of the log open as ``fd``, inode ``ino``, in ``epoch``) with the frames the commit point
+    ``raw`` vouches for past it taken in (durable, so no verdict to make), agreeing with ``raw``; None if
+    the record does not simply extend ``state`` in the same epoch (the caller reloads). Without the file
+    lock, the record is read again through ``point_fd`` after the scan (a seqlock: a tool invalidates it
+    before it cuts)."""
+    point = decode(raw)
+    if (
+        point is None
+        or point.epoch != epoch
+        or not point.trusted_for(ino)
+        or point.end < state.end
+        or point.damage is not None
+        or state.corrupt is not None
+    ):
+        return None
+    if point.end > state.end:
+        result = scan_log(
+            ops,
+            fd,
+            start=state.end,
+            expected_seq=state.next_seq,
+            last_recorded_at=state.last_at,
+            last_version=state.version,
+            file_size=point.end,
+        )
+        if result.state is not ScanState.CLEAN or result.end != point.end:
+            return None
+        again = decode(read_raw(ops, point_fd))
+        if again is None or again.epoch != point.epoch or again.ino != point.ino:
+            return None
+        state = replace(absorb(state, result, judge(result, None)), size=max(state.size, point.end))
+    if state.next_seq != point.next_seq:
+        return None
+    return with_created_at(ops, fd, replace(state, point=raw))

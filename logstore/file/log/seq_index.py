@@ -107,6 +107,15 @@ class SidecarIndex:
             return bytearray()
         return bytearray(index_entries(self.ops.pread(self.fd, self.ops.size(self.fd), 0)))
 
+    def open_new(self) -> None:
+        """Open it for a log just created (empty): any entries left by an earlier log of that name (an
+        erasure stopped before removing its index) are cut, unread. A failure is logged, as above."""
+        self.valid = 0
+        try:
+            self.fd = self.ops.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
+        except OSError as exc:
+            log.warning("cannot open index %s: %s", self.path, exc)
+
     def close(self) -> None:
         if self.fd is not None:
             try:

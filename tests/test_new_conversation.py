@@ -1,0 +1,207 @@
+"""A new conversation's first append (issue 35): what it syncs and writes, counted through ``FileOps``, and
+why each sync is there (the power loss cases below; tests/test_torture_powerloss.py is the judge of all).
+
+Per new conversation in a fan-out directory this process already proved durable: 3 syncs - the manifest's
+creation record (fdatasync, before the log exists: manifest ⊇ logs), the frame (fdatasync), the log's
+directory entry (directory fsync, before the first acknowledgement) - and the commit point written twice:
+a record at 0 before the log exists, so that a reader never waits for a creator that stalls, then the
+commit's (it used to be written three times: that record, recovery's rewrite of it, the commit's).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+import shutil
+
+import pytest
+
+from logstore import Store
+from logstore.core.errors import Io
+from logstore.file import layout
+from logstore.file.fileio import FILE_MODE, FileOps
+from logstore.file.layout import conversation_paths
+from logstore.file.log.commit_point import RECORD_SIZE, decode
+from tests.faultfs import NO_SYNC_OPS, FaultFS, materialize, scratch_dir
+
+SITE = "site-a"
+ITEMS = [{"role": "user", "content": "hello"}]
+
+
+class CountingOps(FileOps):
+    """Real file operations, with every sync and every commit-point write noted (by path)."""
+
+    def __init__(self) -> None:
+        self._paths: dict[int, str] = {}
+        self.syncs: list[tuple[str, str]] = []
+        self.point_writes: list[str] = []
+
+    def reset(self) -> None:
+        self.syncs, self.point_writes = [], []
+
+    def open(self, path: str, flags: int, mode: int = FILE_MODE) -> int:
+        fd = super().open(path, flags, mode)
+        self._paths[fd] = path
+        return fd
+
+    def pwrite(self, fd: int, data: bytes | memoryview, offset: int) -> None:
+        path = self._paths.get(fd, "")
+        if path.endswith(layout.LOCK_SUFFIX):
+            self.point_writes.append(path)
+        super().pwrite(fd, data, offset)
+
+    def fdatasync(self, fd: int) -> None:
+        self.syncs.append(("fdatasync", self._paths.get(fd, "?")))
+        super().fdatasync(fd)
+
+    def fsync(self, fd: int) -> None:
+        self.syncs.append(("fsync", self._paths.get(fd, "?")))
+        super().fsync(fd)
+
+    def fsync_dir(self, path: str) -> None:
+        self.syncs.append(("fsync_dir", path))
+        super().fsync_dir(path)
+
+
+def neighbour(cid: str, n: int = 1) -> list[str]:
+    """``n`` other conversation ids in ``cid``'s fan-out directory."""
+    want, found, i = layout.fanout(cid), [], 0
+    while len(found) < n:
+        other = f"neighbour-{i:06d}"
+        i += 1
+        if layout.fanout(other) == want:
+            found.append(other)
+    return found
+
+
+def kinds(syncs: list[tuple[str, str]], paths) -> list[tuple[str, str]]:
+    """The syncs by what they made durable: the log, the manifest journal, which directory."""
+    named = []
+    for kind, path in syncs:
+        if path == paths.log:
+            what = "log"
+        elif os.path.basename(path).startswith("journal."):
+            what = "journal"
+        elif path == paths.directory:
+            what = "fan-out dir"
+        elif path == os.path.dirname(paths.directory):
+            what = "fan-out parent"
+        else:
+            what = path
+        named.append((kind, what))
+    return named
+
+
+def test_new_conversation_in_a_proven_directory_costs_three_syncs_and_two_records(tmp_path):
+    ops = CountingOps()
+    with Store(str(tmp_path / "data"), file_ops=ops) as store:
+        first = "first-conversation"
+        store.append(SITE, first, ITEMS)  # makes (and proves) the fan-out directory
+        for cid in neighbour(first, 3):
+            ops.reset()
+            got = store.append(SITE, cid, ITEMS + ITEMS)
+            paths = conversation_paths(store.data_dir, SITE, cid)
+            assert kinds(ops.syncs, paths) == [
+                ("fdatasync", "journal"),  # the creation record, before the log exists
+                ("fdatasync", "log"),  # the frame
+                ("fsync_dir", "fan-out dir"),  # the log's entry, before the acknowledgement
+            ]
+            # twice: a record at 0 before the log exists (readers never wait for its creator), the commit
+            assert ops.point_writes == [paths.lock, paths.lock]
+            with open(paths.lock, "rb") as f:
+                point = decode(f.read(RECORD_SIZE))
+            assert point is not None and point.next_seq == got.last + 1 == 2
+            assert point.end == os.path.getsize(paths.log) or point.end < os.path.getsize(paths.log)
+            ops.reset()
+            store.append(SITE, cid, ITEMS)
+            assert kinds(ops.syncs, paths) == [("fdatasync", "log")]
+            assert [i.seq for i in store.replay(SITE, cid, 0, 10)] == [0, 1, 2]
+
+
+def test_a_directory_found_existing_is_proven_once_per_process(tmp_path):
+    """A fan-out directory this process did not make may have been made by one that died before fsyncing
+    its parent: the first log created in it here fsyncs that parent first, the next ones do not."""
+    data = str(tmp_path / "data")
+    first = "first-conversation"
+    with Store(data) as store:
+        store.append(SITE, first, ITEMS)
+    a, b = neighbour(first, 2)
+    ops = CountingOps()
+    with Store(data, file_ops=ops) as store:
+        store.append(SITE, first, ITEMS)  # an existing log: no directory work (only the session's)
+        conversations = layout.conversations_dir(data, SITE)
+        assert not [p for kind, p in ops.syncs if kind == "fsync_dir" and p.startswith(conversations)]
+        ops.reset()
+        store.append(SITE, a, ITEMS)
+        paths = conversation_paths(data, SITE, a)
+        assert ("fsync_dir", "fan-out parent") in kinds(ops.syncs, paths)
+        assert len(ops.syncs) == 4
+        ops.reset()
+        store.append(SITE, b, ITEMS)
+        assert len(ops.syncs) == 3
+        assert ("fsync_dir", "fan-out parent") not in kinds(ops.syncs, conversation_paths(data, SITE, b))
+
+
+def _crash_and_read(fs: FaultFS, cid: str) -> list:
+    crashed = scratch_dir("newconv-")
+    try:
+        materialize(fs.crash_image(random.Random(0), "drop"), crashed)
+        with Store(os.path.join(crashed, "data"), file_ops=NO_SYNC_OPS) as store:
+            return [item.payload for item in store.replay(SITE, cid, 0, 100)]
+    finally:
+        shutil.rmtree(crashed, ignore_errors=True)
+
+
+def test_regression_directory_left_by_a_dead_process_is_proven_before_a_log_goes_in(tmp_path):
+    """A process died between its ``mkdir`` of a fan-out directory and the fsync of its parent. A writer
+    found the directory and trusted it: its log was acknowledged (the log's own entry fsynced), and a
+    power loss took the directory, and the acknowledged log with it."""
+    root = str(tmp_path)
+    data = os.path.join(root, "data")
+    cid = "conv-in-dead-dir"
+    paths = conversation_paths(data, SITE, cid)
+    fs = FaultFS(root)
+    with Store(data, file_ops=fs) as store:
+        store.list_conversations(SITE)  # the site and its manifest exist, durably
+        fs.makedirs_durable(os.path.dirname(paths.directory))
+        fs.mkdir(paths.directory)  # ... and the process died here: no fsync of the parent
+    with Store(data, file_ops=fs) as store:  # another process
+        store.append(SITE, cid, ITEMS)
+        assert _crash_and_read(fs, cid) == ITEMS
+
+
+class FailingLogOps(CountingOps):
+    """Fails the ``fdatasync`` and the ``ftruncate`` of the log ``failing`` (EIO), while set."""
+
+    failing: str | None = None
+
+    def fdatasync(self, fd: int) -> None:
+        if self._paths.get(fd) == self.failing:
+            raise OSError(errno.EIO, "injected")
+        super().fdatasync(fd)
+
+    def ftruncate(self, fd: int, size: int) -> None:
+        if self._paths.get(fd) == self.failing:
+            raise OSError(errno.EIO, "injected")
+        super().ftruncate(fd, size)
+
+
+def test_regression_failed_first_write_whose_cleanup_failed_is_cut(tmp_path):
+    """The first write of a new log fails (its fdatasync) and so does the cut back to 0. The record at 0
+    written before the log existed is still in the failed write's epoch, which is how the writer knows
+    nobody vouched for its frame: the next append cuts it instead of taking it in (a batch reported
+    failed must never be served)."""
+    cid = "conv-first-fails"
+    ops = FailingLogOps()
+    with Store(str(tmp_path / "data"), file_ops=ops) as store:
+        ops.failing = conversation_paths(store.data_dir, SITE, cid).log
+        with pytest.raises(Io):
+            store.append(SITE, cid, [{"n": 1, "try": 1}])
+        assert os.path.getsize(ops.failing) > 0  # the failed frame is still there
+        ops.failing = None
+        got = store.append(SITE, cid, [{"n": 1, "try": 2}])
+        assert got.first == 0
+        assert [i.payload for i in store.replay(SITE, cid, 0, 10)] == [{"n": 1, "try": 2}]
+    with Store(str(tmp_path / "data"), file_ops=NO_SYNC_OPS) as store:
+        assert [i.payload for i in store.replay(SITE, cid, 0, 10)] == [{"n": 1, "try": 2}]
