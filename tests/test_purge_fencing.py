@@ -21,6 +21,7 @@ from logstore.file.layout import conversation_paths
 from logstore.file.locking import PathLock, held
 from logstore.fsck.check import check
 from tests.cross_process_support import RemoteError, RemoteStore
+from tests.helpers import wait_until
 from tests.history import Append, Recorder, conversation_key, final_state
 from tests.history import check as check_history
 from tests.server_support import REPO, call, connect, logstore_cmd, serve
@@ -240,12 +241,13 @@ def test_a_purge_killed_in_its_grace_wait_waits_again_when_run_again(tmp_path, m
     first = subprocess.Popen(
         [*logstore_cmd(), "site", "remove", "--purge", "--grace", "600", SITE, "--data-dir", d], cwd=REPO
     )
+
+    def revoked() -> bool:  # the event: its revocation is on disk
+        assert first.poll() is None, "the first run ended before it revoked"
+        return SITE not in CredentialsFile(d).sites()
+
     try:
-        deadline = time.monotonic() + 120  # a bound against a hang, not a guess at how long it takes
-        while SITE in CredentialsFile(d).sites():  # the event: its revocation is on disk
-            assert first.poll() is None, "the first run ended before it revoked"
-            assert time.monotonic() < deadline, "the first run never revoked the site"
-            time.sleep(0.01)
+        wait_until(revoked, timeout=120, what="the first run's revocation")
     finally:
         first.kill()
         first.wait()

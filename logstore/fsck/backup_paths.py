@@ -86,7 +86,9 @@ def _existing_ancestors(path: str) -> Iterator[tuple[_Id, str]]:
         path = parent
 
 
-def _entries_below(root: str, *, skip: type[OSError]) -> Iterator[os.DirEntry[str]]:
+def _entries_below(
+    root: str, *, skip: type[OSError] | tuple[type[OSError], ...]
+) -> Iterator[os.DirEntry[str]]:
     """Every entry below ``root``, depth first, symlinks not followed (they are not part of it); a
     directory that cannot be listed with ``skip`` (its class or a subclass) is passed over."""
     stack = [root]
@@ -138,29 +140,20 @@ def refuse_links(root: str, other: str, *, field: str) -> None:
             "name the source); remove them. Nothing was written",
             field=field,
         )
-    stack = [root]
-    while stack:
-        top = stack.pop()
-        try:
-            with os.scandir(top) as it:
-                entries = list(it)
-        except (FileNotFoundError, NotADirectoryError):
+    for entry in _entries_below(root, skip=(FileNotFoundError, NotADirectoryError)):
+        if entry.is_dir(follow_symlinks=False):
             continue
-        for entry in entries:
-            if entry.is_dir(follow_symlinks=False):
-                stack.append(entry.path)
-                continue
-            st = entry.stat(follow_symlinks=False)
-            if st.st_nlink < 2:
-                continue
-            twin = os.path.join(other, os.path.relpath(entry.path, root))
-            try:
-                theirs = os.lstat(twin)
-            except OSError:
-                continue
-            if (theirs.st_dev, theirs.st_ino) == (st.st_dev, st.st_ino):
-                raise InvalidArgument(
-                    f"{entry.path} is a hard link to {twin}: writing there would change the other one. "
-                    "Nothing was written; use a new directory",
-                    field=field,
-                )
+        st = entry.stat(follow_symlinks=False)
+        if st.st_nlink < 2:
+            continue
+        twin = os.path.join(other, os.path.relpath(entry.path, root))
+        try:
+            theirs = os.lstat(twin)
+        except OSError:
+            continue
+        if (theirs.st_dev, theirs.st_ino) == (st.st_dev, st.st_ino):
+            raise InvalidArgument(
+                f"{entry.path} is a hard link to {twin}: writing there would change the other one. "
+                "Nothing was written; use a new directory",
+                field=field,
+            )
