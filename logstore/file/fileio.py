@@ -18,6 +18,7 @@ from __future__ import annotations
 import errno as errno_mod
 import os
 
+from .shared_map import SharedMap, map_shared
 from .statx import Ident, fstat_ident, stat_ident
 
 __all__ = ["FileOps", "OS_FILE_OPS", "NoSyncOps", "FILE_MODE", "DIR_MODE", "READ_ONLY_ERRNOS"]
@@ -108,6 +109,12 @@ class FileOps:
             return stat_ident(path)
         except FileNotFoundError:
             return None
+
+    def map_shared(self, fd: int, size: int) -> SharedMap | None:
+        """The first ``size`` bytes of the open file ``fd`` (at least that long), mapped ``MAP_SHARED``
+        (``shared_map``: a lock file's header, read and bumped without a syscall); None where it cannot
+        be mapped (the caller uses ``pread``/``pwrite``)."""
+        return map_shared(fd, size)
 
     # --- durability --------------------------------------------------------------------------------
     def fdatasync(self, fd: int) -> None:

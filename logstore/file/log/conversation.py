@@ -229,9 +229,15 @@ class ConversationLog:
         flock), the descriptors are dropped, the commit point's among them (it is read through its own
         descriptor of the lock file): the next refresh reloads from the paths. Caller holds
         ``_commit_lock``."""
-        if self._file_lock.acquire(timeout):
+        if self._file_lock.acquire(timeout, unchanged=self._unchanged):
             with self._io_lock:
                 self._files.close()
+
+    def _unchanged(self) -> bool:
+        """Nothing changed the conversation's files since this process left the file lock (no syscall:
+        ``LogFiles.unchanged``). Caller holds ``_commit_lock`` and the file lock."""
+        with self._io_lock:
+            return self._files.unchanged()
 
     def _refresh_locked_io(self) -> None:
         """Bring the state up to the file (``LogFiles.refresh_locked``: recovery judges any bytes past the

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from ..fileio import FileOps
-from .commit_point import decode, read_raw
+from .commit_point import PointFile, decode
 from .frame import FORMAT_VERSION, Frame, Invalid, NeedMore, decode_header
 from .index_codec import ENTRY_SIZE, decode_entry, encode_entry
 from .scanner import ScanResult, ScanState, read_frame_at, scan_log
@@ -252,12 +252,12 @@ def with_created_at(ops: FileOps, fd: int | None, state: LogState) -> LogState:
 
 
 def extended(
-    ops: FileOps, fd: int, point_fd: int, state: LogState, raw: bytes, *, epoch: bytes, ino: int
+    ops: FileOps, fd: int, point_file: PointFile, state: LogState, raw: bytes, *, epoch: bytes, ino: int
 ) -> LogState | None:
     """``state`` (of the log open as ``fd``, inode ``ino``, in ``epoch``) with the frames the commit point
     ``raw`` vouches for past it taken in (durable, so no verdict to make), agreeing with ``raw``; None if
     the record does not simply extend ``state`` in the same epoch (the caller reloads). Without the file
-    lock, the record is read again through ``point_fd`` after the scan (a seqlock: a tool invalidates it
+    lock, the record is read again through ``point_file`` after the scan (a seqlock: a tool invalidates it
     before it cuts)."""
     point = decode(raw)
     if (
@@ -281,7 +281,7 @@ def extended(
         )
         if result.state is not ScanState.CLEAN or result.end != point.end:
             return None
-        again = decode(read_raw(ops, point_fd))
+        again = decode(point_file.read())
         if again is None or again.epoch != point.epoch or again.ino != point.ino:
             return None
         state = replace(absorb(state, result, judge(result, None)), size=max(state.size, point.end))
