@@ -221,3 +221,20 @@ def _new_file(tmp_path) -> str:
     with open(other, "wb"):
         pass
     return other
+
+
+def test_the_suite_checks_caller_holds_preconditions(tmp_path):
+    """LOGSTORE_DEBUG_LOCKS=1 (tests/conftest.py): a method whose caller must hold a lock refuses a caller
+    that does not."""
+    from logstore.file.log.held import DEBUG_LOCKS
+
+    assert DEBUG_LOCKS
+    with Store(str(tmp_path / "data")) as store:
+        store.append(SITE, CID, ITEMS)
+        conv = store._handles[(SITE, CID)]
+        with pytest.raises(AssertionError, match="does not hold _commit_lock"):
+            conv._refresh_locked_io()
+        with conv._commit_lock, pytest.raises(AssertionError, match="does not hold _file_lock"):
+            conv._refresh_locked_io()
+        with pytest.raises(AssertionError, match="does not hold _file_lock"):
+            conv._files.refresh_locked()

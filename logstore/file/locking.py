@@ -58,7 +58,7 @@ __all__ = ["PathLock", "held"]
 class PathLock:
     """Exclusive lock across processes (and across owners in one process). Not reentrant, one owner."""
 
-    __slots__ = ("path", "_fd", "_id", "_held_id", "_named")
+    __slots__ = ("path", "_fd", "_id", "_held_id", "_named", "_holding")
 
     def __init__(self, path: str) -> None:
         self.path = os.path.abspath(path)
@@ -66,6 +66,7 @@ class PathLock:
         self._fd: int | None = None
         self._id: tuple[int, int, int] | None = None  # which file ``_fd`` is
         self._held_id: tuple[int, int, int] | None = None  # the file the last ``acquire`` locked
+        self._holding = False  # between a successful ``acquire`` and ``release`` (``held``)
 
     def acquire(self, timeout: float, *, unchanged: Callable[[], bool] | None = None) -> bool:
         """Take the lock or raise ``Timeout`` after ``timeout`` seconds (``Io`` on an OS failure; its
@@ -91,9 +92,10 @@ class PathLock:
                     pass
                 else:
                     if unchanged is not None and self._id == self._held_id and unchanged():
+                        self._holding = True
                         return False
                     if self._named.file_id() == self._id:
-                        held, self._held_id = self._held_id, self._id
+                        held, self._held_id, self._holding = self._held_id, self._id, True
                         return held is not None and held != self._id
                     # We locked a file the path no longer names: its remover held the flock until it
                     # had unlinked it. Closing drops our flock on the dead inode; open the path again.
@@ -130,6 +132,7 @@ class PathLock:
 
     def release(self) -> None:
         """Drop the lock if held (a no-op otherwise). Never leaves it held: on failure the fd is closed."""
+        self._holding = False
         fd = self._fd
         if fd is None:
             return
@@ -143,7 +146,13 @@ class PathLock:
         """Release and close the descriptor. Only the owner calls this, once nobody can reach it."""
         self._drop()
 
+    def held(self) -> bool:
+        """Whether the last ``acquire`` succeeded and no ``release`` followed (its owner's precondition
+        checks: ``log.held``)."""
+        return self._holding
+
     def _drop(self) -> None:
+        self._holding = False
         fd, self._fd = self._fd, None
         if fd is not None:
             try:

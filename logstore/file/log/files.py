@@ -25,6 +25,7 @@ import logging
 import os
 import threading
 from dataclasses import replace
+from typing import Any
 
 from ...core.errors import Io
 from .. import boot
@@ -34,9 +35,9 @@ from ..layout import ConversationPaths
 from .commit_point import RECORD_SIZE, CommitPoint, PointFile, decode, encode, new_epoch
 from .freshness import Action, Record, decide, observe_locked
 from .group_commit import ReaderGuard
-from .locked_recovery import mode_of, state_under_lock
-from .recovery import EMPTY_STATE, LogState, extended, recover, recovered_state, with_created_at
-from .scanner import ScanState
+from .held import holds
+from .loading import mode_of, state_under_lock, vouched_state
+from .recovery import EMPTY_STATE, LogState, extended, with_created_at
 from .seq_index import SidecarIndex
 from .tail import FailedWrite, cut_back, cut_own_failed_write, failed_write_at, trim, truncate_torn
 from .writer import EncodedGroup, Written, write_group
@@ -48,9 +49,12 @@ _NONE, _SAME, _OTHER, _SERVE, _RECOVER = Record.NONE, Record.SAME, Record.OTHER,
 
 
 class LogFiles:
-    def __init__(self, ops: FileOps, paths: ConversationPaths, dirs: DurableDirs) -> None:
-        self.ops = ops
-        self.paths = paths
+    def __init__(
+        self, ops: FileOps, paths: ConversationPaths, dirs: DurableDirs, *, io_lock: Any = None,
+        file_lock: Any = None
+    ) -> None:
+        self.ops, self.paths = ops, paths
+        self._io_lock, self._file_lock = io_lock, file_lock  # the owner's, for ``held.holds`` (or None)
         self._dirs = dirs  # proven before a first frame is acknowledged (``write``)
         self._state_lock = threading.Lock()  # guards swapping ``_state`` and ``_generation``; brief
         self._fd_readers = ReaderGuard()
@@ -139,6 +143,7 @@ class LogFiles:
         return self._log_id[2]  # ``file_id`` is (device major, device minor, inode)
 
     # ------------------------------------------------------------------ refreshing
+    @holds("_io_lock")
     def refresh_unlocked(self) -> bool:
         """Take in what the commit point vouches for (``freshness.decide``: SERVE or LOAD). False if only
         recovery under the file lock can tell. Caller holds the I/O lock."""
@@ -150,6 +155,7 @@ class LogFiles:
             return True
         return self.load_unlocked()
 
+    @holds("_file_lock", "_io_lock")
     def refresh_locked(self) -> bool:
         """Bring the state up to the file (``freshness.decide``: SERVE or RECOVER). Caller holds the file
         lock and the I/O lock. Bytes past the commit point can only be a writer's that died before its
@@ -224,6 +230,7 @@ class LogFiles:
         self._log_fd = fd
         return True
 
+    @holds("_io_lock")
     def load_unlocked(self) -> bool:
         """Load what the commit point vouches for, without the file lock. False when only recovery under
         the lock can tell (no record, another boot's, damage, another file, or the log disagrees): the
@@ -231,42 +238,17 @@ class LogFiles:
         try:
             if not self._open_io():
                 return True
-            pf = self._point
-            assert self._log_fd is not None and pf is not None
-            raw = pf.load()
-            point = decode(raw)
-            for _again in range(2):  # a read racing the record's pwrite may see it half written
-                if point is not None:
-                    break
-                raw = pf.read()
-                point = decode(raw)
-            if point is None or not point.trusted_for(self._ino):
-                return False
-            entries = self._index.open_and_read()
-            recovered = recover(self.ops, self._log_fd, entries, point.end)
-            verdict = recovered.verdict
-            # With damage, index entries past ``end`` make the bounded scan's verdict "missing-frames"
-            # at ``end``: the same good prefix, which is all that has to agree.
-            if verdict.end != point.end or (verdict.state is not ScanState.CLEAN and point.damage is None):
-                return False
-            if recovered.scan.next_seq != point.next_seq or pf.read() != raw:
-                return False  # the record moved while we read: start over
-            # Damage past ``end`` was judged under the lock by whoever wrote the record: the same verdict.
-            size = self.ops.size(self._log_fd)  # with a v2 log's preallocated tail (trimmed on close)
-            state = replace(
-                recovered_state(recovered, entries),
-                point=raw,
-                corrupt=point.damage,
-                size=max(size, point.end),
-            )
-            state = with_created_at(self.ops, self._log_fd, state)
+            assert self._log_fd is not None and self._point is not None
+            found = vouched_state(self.ops, self._log_fd, self._point, self._index, ino=self._ino)
         except OSError as exc:
             self.close()
             raise self.io_error("recovery read", exc) from exc
-        self._index.valid = recovered.anchor.kept
-        self._install(state, point.epoch)
+        if found is None:
+            return False
+        self._install(*found)
         return True
 
+    @holds("_file_lock", "_io_lock")
     def load_locked(self, *, believed_end: int | None = None) -> bool:
         """Recover under the file lock: the one place that judges torn tails and damage. What it finds is
         made durable before the commit point vouches for it. ``believed_end``: ignore the index and rescan
@@ -341,6 +323,7 @@ class LogFiles:
         return True
 
     # ------------------------------------------------------------------ writing
+    @holds("_file_lock", "_io_lock")
     def create(self) -> None:
         """Create the log (there is none: ``has_log`` is False after a refresh) and load it as new, with
         no scan. Caller holds the file lock and the I/O lock, and has made the manifest's record of it
@@ -380,6 +363,7 @@ class LogFiles:
         self._install(LogState(bytearray(), point=record), epoch)
         self._trust()
 
+    @holds("_file_lock", "_io_lock")
     def write(self, encoded: EncodedGroup) -> Written:
         """Write a group's frames at the published end, make them durable, move the commit point, publish
         the new state and maybe extend the index (a hint, after the fsync: it never leads the log). Caller
@@ -418,6 +402,7 @@ class LogFiles:
         s, loaded = self._state, self._loaded and self._log_fd is not None
         return self._failed is not None or loaded and (s.size > s.end or self._index.valid < s.frames)
 
+    @holds("_file_lock", "_io_lock")
     def trim_and_index(self) -> None:
         """Give back the unused tail, bring the index up to the log. Caller holds the file lock and the I/O
         lock, state just refreshed (frames taken in from another process are durable before indexed)."""
