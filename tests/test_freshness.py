@@ -28,7 +28,6 @@ SITE, CID = "site-a", "conv-fresh-01"
 # None matches any value.
 ROWS = [
     ({Record.NONE, Record.OTHER}, None, None, Action.LOAD, Action.RECOVER),
-    ({Record.MOVED}, None, None, Action.TAKE_IN, Action.TAKE_IN),
     ({Record.SAME}, False, None, Action.LOAD, Action.RECOVER),
     ({Record.SAME}, True, {Past.FRAME}, Action.SETTLE, Action.RECOVER),
     ({Record.SAME}, True, {Past.NOTHING, Past.UNSEEN}, Action.SERVE, Action.SERVE),

@@ -195,8 +195,8 @@ class LogFiles:
         self._trusted = header if header is not None and header[:RECORD_SIZE] == self._state.point else None
 
     def _record(self) -> Record:
-        """The commit point against the published state once what it vouches for is taken in (``MOVED``
-        is always ``TAKE_IN``): ``SAME`` or ``OTHER``; ``NONE`` if nothing is loaded. Holds the I/O lock."""
+        """The commit point against the published state once what it vouches for is taken in: ``SAME``
+        or ``OTHER``; ``NONE`` if nothing is loaded. Holds the I/O lock."""
         if not self._loaded or self._log_fd is None or self._point is None:
             return _NONE
         raw = self._point.read()
