@@ -28,14 +28,11 @@ Rules:
   finds the path no longer names it. Unlinking a lock file nobody holds would let two owners each hold
   "the" lock on two inodes. Its remover changes its header first (``commit_point``'s change counter),
   so an owner may stand its word for the path's ``statx`` (``acquire(unchanged=...)``): one that finds
-  the header as it left it knows nobody removed the file since (issue 35: the dance's statx was 7.6 us
-  of an append's CPU).
+  the header as it left it knows nobody removed the file since (issue 35; the dance's ``statx`` was a
+  sixth of an append's CPU: docs/PERFORMANCE.md).
 
-Why not ``filelock.FileLock`` on the hot path: measured on this machine, filelock 4.x costs ~90 us per
-acquire/release (it reopens and re-validates the lock file each time), about 20% of one fdatasync here;
-this is ~1.1 us of CPU per acquire/release, ~4 us with the dance's ``statx`` of the path (a
-10-component path: the kernel's walk is most of it; docs/PERFORMANCE.md, "The lock-file dance"), which
-a conversation's steady append skips (``unchanged``). It is
+Why not ``filelock.FileLock`` on the hot path: it reopens and re-validates the lock file on each
+acquire, some 80 times the CPU of this one (docs/PERFORMANCE.md, "The lock-file dance": figures). It is
 the same ``flock`` on the same file, so a ``filelock.FileLock`` on a ``.lock`` path (e.g. an external
 tool) excludes correctly against these locks. Site-level, rarely taken locks use filelock.
 """

@@ -80,7 +80,7 @@ class Store:
         """Append one batch atomically; returns its seq range once it is durable (fdatasynced)."""
         site, conversation_id, batch = append_args(site, conversation_id, items)
         request = AppendRequest(encode_items(batch.items), batch.count)
-        # try/finally, not ``_conversation``: a @contextmanager costs ~1.5 us per append (PERFORMANCE.md)
+        # try/finally, not ``_conversation``: a @contextmanager costs more than this (PERFORMANCE.md)
         key, conv = self._checkout(site, conversation_id, writing=True)
         try:
             return conv.append(request)
@@ -206,7 +206,7 @@ class Store:
         self, site: str, conversation_id: str, *, writing: bool = False
     ) -> tuple[tuple[str, str], ConversationLog]:
         """The conversation's handle, counted as in use until ``_checkin(key)`` (never evicted meanwhile).
-        A cached handle skips ``_manifest`` (load check, ~0.8 us): its site's manifest was loaded before
+        A cached handle skips ``_manifest`` (its load check): its site's manifest was loaded before
         the handle was opened; it is counted under the same take of the guard as the lookup."""
         key = (site, conversation_id)
         with self._guard:

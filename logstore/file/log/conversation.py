@@ -209,12 +209,16 @@ class ConversationLog:
 
     @holds("_commit_lock")
     def _file_locked(
-        self, work: Callable[[], None], *, wait: bool, lock: Callable[[float], None] | None = None
+        self,
+        work: Callable[..., None],
+        *args: object,
+        wait: bool,
+        lock: Callable[[float], None] | None = None,
     ) -> bool:
         """The acquire sequence, written once (the lock order above): closed check -> the file lock
         (``lock``, default ``_lock_file``: waiting up to ``lock_timeout`` and raising ``Timeout``, or with
         ``wait=False`` one try, returning False if another owner holds it) -> ``_io_lock`` -> closed check
-        -> ``work()``. The file lock is released on every path, interrupts included. Caller holds
+        -> ``work(*args)``. The file lock is released on every path, interrupts included. Caller holds
         ``_commit_lock`` (taken first, so readers never wait behind a flock wait)."""
         if self._closed:  # before the lock fd could be reopened after close() closed it
             raise Unavailable("store is closed")
@@ -228,7 +232,7 @@ class ConversationLog:
             with self._io_lock:  # ``with``, not acquire(): an interrupt cannot land between take and try
                 if self._closed:
                     raise Unavailable("store is closed")
-                work()
+                work(*args)
             return True
         finally:
             self._file_lock.release()
@@ -282,7 +286,7 @@ class ConversationLog:
 
     def _commit_io(self, group: list[AppendRequest]) -> None:
         with self._commit_lock:
-            self._file_locked(lambda: self._commit_group(group), wait=True, lock=self._lock_in_directory)
+            self._file_locked(self._commit_group, group, wait=True, lock=self._lock_in_directory)
 
     @holds("_commit_lock")
     def _lock_in_directory(self, timeout: float) -> None:
