@@ -11,6 +11,9 @@ torture suites with real processes (tests/test_torture_kill9.py, test_torture_pu
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -238,3 +241,21 @@ def test_the_suite_checks_caller_holds_preconditions(tmp_path):
             conv._refresh_locked_io()
         with pytest.raises(AssertionError, match="does not hold _file_lock"):
             conv._files.refresh_locked()
+
+
+def test_a_process_killed_before_its_record_is_taken_in_by_a_trusting_ones_next_append(tmp_path):
+    """The same with a real process, SIGKILLed after its frame's fdatasync and before its commit point:
+    the kernel drops its flock, and only the counter it bumped tells this process, whose last commit
+    left it trusting the header."""
+    from tests.test_read_dead_writer import _CHILD, ROOT
+    from tests.test_read_dead_writer import CID as DEAD_CID
+
+    data = str(tmp_path / "data")
+    with Store(data) as store:
+        store.append(SITE, DEAD_CID, [{"n": 0}])
+        store.append(SITE, DEAD_CID, [{"n": 1}])
+        child = subprocess.run([sys.executable, "-c", _CHILD, data, ROOT], capture_output=True, timeout=120)
+        assert child.returncode == -signal.SIGKILL, child.stderr.decode()
+        assert store.append(SITE, DEAD_CID, [{"n": 3}]).first == 3
+        got = [i.payload["n"] for i in store.replay(SITE, DEAD_CID, 0, 10)]
+        assert got == [0, 1, "stored, never acknowledged", 3]
