@@ -259,3 +259,26 @@ def test_a_process_killed_before_its_record_is_taken_in_by_a_trusting_ones_next_
         assert store.append(SITE, DEAD_CID, [{"n": 3}]).first == 3
         got = [i.payload["n"] for i in store.replay(SITE, DEAD_CID, 0, 10)]
         assert got == [0, 1, "stored, never acknowledged", 3]
+
+
+class NoMapDies(DiesBeforeItsRecord):
+    """A writer that cannot map the header (``vm.max_map_count``, a file system without shared mappings):
+    it bumps the counter with ``pread`` + ``pwrite``."""
+
+    def map_shared(self, fd: int, size: int) -> None:
+        return None
+
+
+def test_a_writer_without_the_mapping_bumps_through_pwrite(tmp_path):
+    data = str(tmp_path / "data")
+    paths = conversation_paths(data, SITE, CID)
+    dying = NoMapDies(paths.lock)
+    with Store(data) as a, Store(data, file_ops=dying) as b:
+        a.append(SITE, CID, [{"n": 0}])
+        assert b.append(SITE, CID, [{"n": 1}]).first == 1
+        a.append(SITE, CID, [{"n": 2}])
+        dying.armed = True
+        with pytest.raises(Killed):
+            b.append(SITE, CID, [{"n": "dead writer's"}])
+        assert a.append(SITE, CID, [{"n": 4}]).first == 4
+        assert [i.payload["n"] for i in b.replay(SITE, CID, 0, 10)] == [0, 1, 2, "dead writer's", 4]
