@@ -3,11 +3,17 @@ start or drive the MCP server). ``make test-fast`` deselects both (and ``slow``)
 
 from __future__ import annotations
 
-import pytest
+import os
 
-from logstore import Store
-from tests.faultfs import restore_boot
-from tests.postgres_support import postgres_server  # noqa: F401  (session fixture: a real PostgreSQL)
+# Before logstore is imported (here and in every subprocess a test starts): the engine's "caller holds
+# ..." preconditions are checked (logstore/file/log/held.py).
+os.environ.setdefault("LOGSTORE_DEBUG_LOCKS", "1")
+
+import pytest  # noqa: E402
+
+from logstore import Store  # noqa: E402
+from tests.faultfs import restore_boot  # noqa: E402
+from tests.postgres_support import postgres_server  # noqa: F401, E402  (session fixture: PostgreSQL)
 
 _SERVER_MODULES = ("test_server_", "test_bench_smoke")  # start servers or whole bench runs
 

@@ -422,6 +422,9 @@ class SeqlockOps(PathOps):
         self.hook: Callable[[], None] | None = None
         self._scanned = False
 
+    def map_shared(self, fd: int, size: int) -> None:
+        return None  # every read of the record through ``pread``, where the hook sees it
+
     def pread(self, fd: int, size: int, offset: int) -> bytes:
         path = self.path_of(fd)
         if self.hook is not None and self._scanned and path.endswith(".lock"):

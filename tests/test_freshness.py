@@ -16,7 +16,7 @@ from logstore.file.durable_dirs import DurableDirs
 from logstore.file.fileio import FileOps
 from logstore.file.layout import conversation_paths
 from logstore.file.locking import PathLock
-from logstore.file.log.commit_point import NO_RECORD, write_raw
+from logstore.file.log.commit_point import NO_RECORD, PointFile, write_raw
 from logstore.file.log.files import LogFiles
 from logstore.file.log.frame import PREFIX_SIZE, encode_frame, encode_items
 from logstore.file.log.freshness import Action, Past, Record, decide, observe_locked, past_end, past_in
@@ -28,7 +28,6 @@ SITE, CID = "site-a", "conv-fresh-01"
 # None matches any value.
 ROWS = [
     ({Record.NONE, Record.OTHER}, None, None, Action.LOAD, Action.RECOVER),
-    ({Record.MOVED}, None, None, Action.TAKE_IN, Action.TAKE_IN),
     ({Record.SAME}, False, None, Action.LOAD, Action.RECOVER),
     ({Record.SAME}, True, {Past.FRAME}, Action.SETTLE, Action.RECOVER),
     ({Record.SAME}, True, {Past.NOTHING, Past.UNSEEN}, Action.SERVE, Action.SERVE),
@@ -158,6 +157,17 @@ def _invalidate(files: LogFiles) -> None:
         os.close(fd)
 
 
+def _bump(files: LogFiles) -> None:
+    """What every holder of the flock does before it changes the log without moving the record (the
+    change counter: ``commit_point``). Without it the holder that left the flock trusts its state."""
+    fd = os.open(files.paths.lock, os.O_RDWR)
+    point = PointFile(FileOps(), fd)
+    try:
+        point.bump()
+    finally:
+        point.close()
+
+
 def test_the_rows_through_log_files(tmp_path):
     data = str(tmp_path / "data")
     writer = Store(data)
@@ -187,6 +197,7 @@ def test_the_rows_through_log_files(tmp_path):
             assert ops.loads == 3
             # SAME, a dead writer's frame past the end: RECOVER, which takes it in.
             end = files.state.end
+            _bump(files)
             with open(files.paths.log, "r+b") as f:
                 f.seek(end)
                 f.write(_frame(2, end, files.state.last_at or 0))
@@ -197,9 +208,19 @@ def test_the_rows_through_log_files(tmp_path):
                 copy = f.read()
             with open(files.paths.log + ".new", "wb") as f:
                 f.write(copy)
+            _bump(files)
             os.replace(files.paths.log + ".new", files.paths.log)
             files.refresh_locked()
             assert ops.loads == 5 and files.state.next_seq == 3
+            # The same without the counter's bump: the holder trusts what it left (no syscall).
+            with open(files.paths.log, "r+b") as f:
+                f.seek(files.state.end)
+                f.write(_frame(3, files.state.end, files.state.last_at or 0))
+            files.refresh_locked()
+            assert ops.loads == 5 and files.state.next_seq == 3
+            _bump(files)
+            files.refresh_locked()
+            assert ops.loads == 6 and files.state.next_seq == 4
         finally:
             lock.release()
     finally:

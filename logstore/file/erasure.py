@@ -44,7 +44,7 @@ from . import layout
 from .fileio import OS_FILE_OPS, FileOps
 from .layout import ConversationPaths, conversation_paths
 from .locking import PathLock, held
-from .log.commit_point import invalidate
+from .log.commit_point import PointFile, invalidate
 from .manifest.site import SiteManifest
 
 __all__ = [
@@ -256,6 +256,11 @@ def _unlink_lock(ops: FileOps, path: str, timeout: float) -> None:
         log = base + layout.LOG_SUFFIX
         if is_valid_id(os.path.basename(base)) and ops.exists(log):
             raise _log_appeared(log)
+        fence = PointFile.open(ops, path)  # its header changes first: an owner that trusts the header
+        try:  # it left (``commit_point``'s change counter) proves the path again at its next flock
+            fence.bump()
+        finally:
+            fence.close()
         ops.unlink(path)
     finally:
         lock.close()

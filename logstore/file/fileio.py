@@ -18,6 +18,7 @@ from __future__ import annotations
 import errno as errno_mod
 import os
 
+from .shared_map import SharedMap, map_shared
 from .statx import Ident, fstat_ident, stat_ident
 
 __all__ = ["FileOps", "OS_FILE_OPS", "NoSyncOps", "FILE_MODE", "DIR_MODE", "READ_ONLY_ERRNOS"]
@@ -109,6 +110,12 @@ class FileOps:
         except FileNotFoundError:
             return None
 
+    def map_shared(self, fd: int, size: int) -> SharedMap | None:
+        """The first ``size`` bytes of the open file ``fd`` (at least that long), mapped ``MAP_SHARED``
+        (``shared_map``: a lock file's header, read and bumped without a syscall); None where it cannot
+        be mapped (the caller uses ``pread``/``pwrite``)."""
+        return map_shared(fd, size)
+
     # --- durability --------------------------------------------------------------------------------
     def fdatasync(self, fd: int) -> None:
         os.fdatasync(fd)
@@ -149,8 +156,8 @@ class FileOps:
 
     def exists(self, path: str) -> bool:
         # access(F_OK), not os.path.exists: no stat result and, for a missing file (the manifest's
-        # per-commit "has a compactor started the next journal?"), no exception built and dropped:
-        # 0.35 against 0.99 us here. Same answer (symlinks followed, a dangling one is False).
+        # per-commit "has a compactor started the next journal?"), no exception built and dropped (a
+        # third of the CPU: docs/PERFORMANCE.md). Same answer (symlinks followed, a dangling one is False).
         return os.access(path, os.F_OK)
 
     def listdir(self, path: str) -> list[str]:

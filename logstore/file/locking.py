@@ -26,12 +26,13 @@ Rules:
 - A lock file is unlinked only by a holder of its flock (``erasure.purge_site``), never beside it: so
   whoever flocks the old inode afterwards (a waiter that was blocked on it, an owner that kept it open)
   finds the path no longer names it. Unlinking a lock file nobody holds would let two owners each hold
-  "the" lock on two inodes.
+  "the" lock on two inodes. Its remover changes its header first (``commit_point``'s change counter),
+  so an owner may stand its word for the path's ``statx`` (``acquire(unchanged=...)``): one that finds
+  the header as it left it knows nobody removed the file since (issue 35; the dance's ``statx`` was a
+  sixth of an append's CPU: docs/PERFORMANCE.md).
 
-Why not ``filelock.FileLock`` on the hot path: measured on this machine, filelock 4.x costs ~90 us per
-acquire/release (it reopens and re-validates the lock file each time), about 20% of one fdatasync here;
-this is ~1.1 us of CPU per acquire/release, ~4 us with the dance's ``statx`` of the path (a
-10-component path: the kernel's walk is most of it; docs/PERFORMANCE.md, "The lock-file dance"). It is
+Why not ``filelock.FileLock`` on the hot path: it reopens and re-validates the lock file on each
+acquire, some 80 times the CPU of this one (docs/PERFORMANCE.md, "The lock-file dance": figures). It is
 the same ``flock`` on the same file, so a ``filelock.FileLock`` on a ``.lock`` path (e.g. an external
 tool) excludes correctly against these locks. Site-level, rarely taken locks use filelock.
 """
@@ -41,7 +42,7 @@ from __future__ import annotations
 import fcntl
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from ..core.errors import Io, Timeout
@@ -54,7 +55,7 @@ __all__ = ["PathLock", "held"]
 class PathLock:
     """Exclusive lock across processes (and across owners in one process). Not reentrant, one owner."""
 
-    __slots__ = ("path", "_fd", "_id", "_held_id", "_named")
+    __slots__ = ("path", "_fd", "_id", "_held_id", "_named", "_holding")
 
     def __init__(self, path: str) -> None:
         self.path = os.path.abspath(path)
@@ -62,13 +63,19 @@ class PathLock:
         self._fd: int | None = None
         self._id: tuple[int, int, int] | None = None  # which file ``_fd`` is
         self._held_id: tuple[int, int, int] | None = None  # the file the last ``acquire`` locked
+        self._holding = False  # between a successful ``acquire`` and ``release`` (``held``)
 
-    def acquire(self, timeout: float) -> bool:
+    def acquire(self, timeout: float, *, unchanged: Callable[[], bool] | None = None) -> bool:
         """Take the lock or raise ``Timeout`` after ``timeout`` seconds (``Io`` on an OS failure; its
         ``errno`` is ENOENT when the lock file's directory is gone). Returns True when the file now locked
         is not the one this lock had open before (the path was replaced or removed since, by a holder of
         its flock): the owner drops what it read through other descriptors of the old file. (Against the
-        last ``acquire`` that returned, so a replacement seen by one that timed out is not forgotten.)"""
+        last ``acquire`` that returned, so a replacement seen by one that timed out is not forgotten.)
+
+        ``unchanged``: asked right after ``flock``, when the descriptor is still the one the last
+        ``acquire`` proved; True (the owner's word that no holder changed the file since it left it:
+        ``commit_point``'s change counter) stands for the path's ``statx``. Whoever unlinks a lock file
+        changes it first, under its flock."""
         deadline: float | None = None  # read the clock only once the first try failed
         delay = 0.0002
         try:
@@ -81,8 +88,11 @@ class PathLock:
                 except BlockingIOError:
                     pass
                 else:
+                    if unchanged is not None and self._id == self._held_id and unchanged():
+                        self._holding = True
+                        return False
                     if self._named.file_id() == self._id:
-                        held, self._held_id = self._held_id, self._id
+                        held, self._held_id, self._holding = self._held_id, self._id, True
                         return held is not None and held != self._id
                     # We locked a file the path no longer names: its remover held the flock until it
                     # had unlinked it. Closing drops our flock on the dead inode; open the path again.
@@ -119,6 +129,7 @@ class PathLock:
 
     def release(self) -> None:
         """Drop the lock if held (a no-op otherwise). Never leaves it held: on failure the fd is closed."""
+        self._holding = False
         fd = self._fd
         if fd is None:
             return
@@ -132,7 +143,13 @@ class PathLock:
         """Release and close the descriptor. Only the owner calls this, once nobody can reach it."""
         self._drop()
 
+    def held(self) -> bool:
+        """Whether the last ``acquire`` succeeded and no ``release`` followed (its owner's precondition
+        checks: ``log.held``)."""
+        return self._holding
+
     def _drop(self) -> None:
+        self._holding = False
         fd, self._fd = self._fd, None
         if fd is not None:
             try:

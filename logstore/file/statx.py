@@ -5,15 +5,13 @@ Strategy: Linux 6.13 gave ext4 (and a few other filesystems) *multigrain* timest
 at a file's mtime/ctime, a write stamps them with the coarse clock, so a burst of writes changes them
 about once per tick. Once a ``stat`` has asked for them, the kernel flags the inode and the next write
 takes a fine-grained timestamp, which always differs: that write dirties the inode, and the
-``fdatasync`` after it costs more. Measured here (6.18, ext4 on virtio; 2,000 x 2.3 KB ``pwrite`` +
-``fdatasync`` into a preallocated file, 3 rounds, ``python -m bench.stat_fdatasync``): fdatasync p50
-128-145 us with no stat between writes, 190-226 us with an ``os.fstat`` + ``os.stat`` before each
-write, 132-148 us with the same two calls made by ``statx`` asking only for size, inode and link count.
+``fdatasync`` after it costs ~50% more, unless the stat was a ``statx`` asking for no timestamps
+(``python -m bench.stat_fdatasync``; docs/PERFORMANCE.md, "Figures behind the engine's small choices").
 
 The append path must look at its log between writes (another process may have appended, trimmed,
 replaced or erased it), so every stat the engine makes goes through here (``FileOps``; a test keeps
 ``os.stat`` out of ``logstore/file``). Python 3.11 has no ``os.statx``: libc's is called through
-``ctypes``, 1.05 us per call here against 0.66 us for ``os.fstat`` (1.28 against 0.80 us by path).
+``ctypes`` (a little slower than ``os.fstat``: same section).
 Where libc has no ``statx`` (or the kernel refuses it) the plain ``os`` calls are used: correct, only
 slower to sync on kernels with multigrain timestamps.
 """
@@ -125,9 +123,8 @@ _ID = struct.Struct("<32xQ96xII").unpack_from  # stx_ino, stx_dev_major, stx_dev
 class PathId:
     """Which file one fixed path names, asked again and again by its one owner (``PathLock``'s proof after
     each ``flock``): the path encoded once and a result buffer of its own (the owner serialises its calls),
-    the inode alone asked for, None instead of an exception when nothing is there. Here: ~6,500
-    instructions in user space against ~15,300 for ``FileOps.size_if_named`` (callgrind), 2.4 against
-    3.1 us of CPU (an 89-byte path of 10 components: the kernel's walk is most of it)."""
+    the inode alone asked for, None instead of an exception when nothing is there (less than half the
+    instructions of ``FileOps.size_if_named``: figures in docs/PERFORMANCE.md)."""
 
     __slots__ = ("path", "_bpath", "_buf")
 

@@ -80,7 +80,7 @@ class Store:
         """Append one batch atomically; returns its seq range once it is durable (fdatasynced)."""
         site, conversation_id, batch = append_args(site, conversation_id, items)
         request = AppendRequest(encode_items(batch.items), batch.count)
-        # try/finally, not ``_conversation``: a @contextmanager costs ~1.5 us per append (PERFORMANCE.md)
+        # try/finally, not ``_conversation``: a @contextmanager costs more than this (PERFORMANCE.md)
         key, conv = self._checkout(site, conversation_id, writing=True)
         try:
             return conv.append(request)
@@ -206,15 +206,26 @@ class Store:
         self, site: str, conversation_id: str, *, writing: bool = False
     ) -> tuple[tuple[str, str], ConversationLog]:
         """The conversation's handle, counted as in use until ``_checkin(key)`` (never evicted meanwhile).
-        A cached handle skips ``_manifest`` (load check, ~0.8 us): its site's manifest was loaded before
-        the handle was opened."""
+        A cached handle skips ``_manifest`` (its load check): its site's manifest was loaded before
+        the handle was opened; it is counted under the same take of the guard as the lookup."""
         key = (site, conversation_id)
         with self._guard:
             if self._closed:
                 raise Unavailable("store is closed")
-            manifest = self._manifests[site] if key in self._handles else None
-        if manifest is None:
-            manifest = self._manifest(site)
+            conv = self._handles.get(key)
+            if conv is not None:  # the steady case, under one take of the guard
+                self._handles.move_to_end(key)
+                self._users[key] = self._users.get(key, 0) + 1
+                manifest = self._manifests[site]
+        if conv is not None:
+            if writing:
+                try:
+                    manifest.begin_writes()  # the session's open mark is durable before any log write
+                except BaseException:
+                    self._checkin(key)
+                    raise
+            return key, conv
+        manifest = self._manifest(site)
         if writing:
             manifest.begin_writes()  # the session's open mark is durable before any log write
         with self._guard:

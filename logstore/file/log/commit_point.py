@@ -25,7 +25,20 @@ Rules:
   then carries its offset and reason, so every process reports the same ``Corrupted`` (one verdict),
   whichever found it, and serves the frames before it; only a repair (which invalidates) clears it.
 
-Sans-IO codec plus two one-call helpers; ``FileOps`` does the I/O.
+The change counter (issue 35; SQLite's wal-index header change counter is the model). After the record,
+at byte 88, a u64 that every holder of the flock bumps *before* it changes the log without moving the
+record first: before a commit's frames are written (a writer killed before its record leaves them past
+it), before a trim, a torn-tail cut or the cut of its own failed write. A holder that leaves the flock
+notes the header (record + counter) as it left it, with its state agreeing with every file
+(``LogFiles.unchanged``). At its next flock, the same header means nothing changed: no other process
+appended, trimmed, died mid-commit, invalidated the record (every tool that cuts, replaces or removes
+a log, or unlinks the lock file, invalidates it first), so the lock path still names the file it locks
+and its state is the truth: no ``statx`` of either path, no ``pread``. The header is read through a
+shared mapping of the first page (``shared_map``): no syscall. A lock file shorter than the header (an
+older release's, 84 bytes) is not mapped: reads ``pread`` the record and the first bump writes the
+counter with ``pwrite`` (the file is then long enough to map).
+
+Sans-IO codec plus a small file object (``PointFile``); ``FileOps`` does the I/O.
 
     offset size
     0      4    magic "LSCP"
@@ -39,6 +52,8 @@ Sans-IO codec plus two one-call helpers; ``FileOps`` does the I/O.
     56     8    damage offset (meaningful when the reason is not empty)
     64     16   damage reason, ASCII, NUL-padded (empty: no damage)
     80     4    CRC32C of bytes 0..79
+    84     4    zero
+    88     8    change counter (not covered by the CRC; a torn value only reads as "changed")
 """
 
 from __future__ import annotations
@@ -46,12 +61,13 @@ from __future__ import annotations
 import os
 import secrets
 import struct
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from crc32c import crc32c
 
 from .. import boot
 from ..fileio import FileOps
+from ..shared_map import SharedMap
 
 __all__ = [
     "RECORD_SIZE",
@@ -63,6 +79,8 @@ __all__ = [
     "read_raw",
     "write_raw",
     "invalidate",
+    "HEADER_SIZE",
+    "PointFile",
 ]
 
 MAGIC = b"LSCP"
@@ -71,6 +89,10 @@ _BODY = struct.Struct("<4sBxxx16s8sQQQQ16s")
 _CRC = struct.Struct("<I")
 RECORD_SIZE = _BODY.size + _CRC.size  # 84
 NO_RECORD = bytes(RECORD_SIZE)  # what ``invalidate`` writes: decodes to None, trusted by nobody
+_COUNTER = 88
+HEADER_SIZE = _COUNTER + 8  # the record, padding, the change counter
+_PAD = bytes(_COUNTER - RECORD_SIZE)
+_U64 = struct.Struct("<Q")
 
 
 class CommitPoint(NamedTuple):
@@ -142,3 +164,87 @@ def invalidate(ops: FileOps, lock_path: str) -> None:
         write_raw(ops, fd, NO_RECORD)
     finally:
         ops.close(fd)
+
+
+class PointFile:
+    """A conversation's lock file as the holder of its commit point: one descriptor (not the flocked one:
+    readers use it without the lock) and, once the file holds a whole header, the header mapped shared.
+    ``map`` and ``close`` are called under the owner's I/O lock; ``read`` by any thread inside the owner's
+    reader guard (the mapping is unmapped only behind it)."""
+
+    __slots__ = ("ops", "fd", "_map", "_record", "_header", "_counter")
+
+    def __init__(self, ops: FileOps, fd: int) -> None:
+        self.ops = ops
+        self.fd = fd
+        self._map: SharedMap | None = None
+        self._record: Any = None  # ctypes arrays over the mapping (``.raw`` copies the bytes out)
+        self._header: Any = None
+        self._counter: Any = None
+
+    @classmethod
+    def open(cls, ops: FileOps, path: str) -> PointFile:
+        return cls(ops, ops.open_writable(path, os.O_RDWR | os.O_CREAT))
+
+    def read(self) -> bytes:
+        """The record's bytes: from the mapping (no syscall), else one ``pread``."""
+        record = self._record
+        if record is not None:
+            return record.raw  # type: ignore[no-any-return]
+        return self.ops.pread(self.fd, RECORD_SIZE, 0)
+
+    def header(self) -> bytes | None:
+        """Record and change counter as one value, or None when not mapped."""
+        header = self._header
+        return None if header is None else header.raw
+
+    def load(self) -> bytes:
+        """``read`` for a (re)load: one ``pread`` of the header, and the mapping if the file holds it."""
+        if self._record is not None:
+            return self.read()
+        data = self.ops.pread(self.fd, HEADER_SIZE, 0)
+        if len(data) == HEADER_SIZE:
+            self._map_header()
+        return data[:RECORD_SIZE]
+
+    def write(self, raw: bytes) -> None:
+        """Move the record (the holder of the flock only). Raises ``OSError``."""
+        self.ops.pwrite(self.fd, raw, 0)
+
+    def write_new(self, raw: bytes) -> None:
+        """A whole header (record, a zero counter), for a log about to be created. Raises ``OSError``."""
+        self.ops.pwrite(self.fd, raw + _PAD + bytes(8), 0)
+        self._map_header()
+
+    def bump(self) -> None:
+        """Change the counter (the holder of the flock, before it changes the log). Raises ``OSError``."""
+        counter = self._counter
+        if counter is not None and self._map is not None and self._map.writable:
+            counter.value = (counter.value + 1) & 0xFFFFFFFFFFFFFFFF
+            return
+        old = self.ops.pread(self.fd, 8, _COUNTER)
+        value = (_U64.unpack(old)[0] + 1) & 0xFFFFFFFFFFFFFFFF if len(old) == 8 else 1
+        self.ops.pwrite(self.fd, _U64.pack(value), _COUNTER)
+        if counter is None:
+            self._map_header()  # the file holds a whole header now
+
+    def _map_header(self) -> None:
+        if self._map is not None:
+            return
+        mapped = self.ops.map_shared(self.fd, HEADER_SIZE)
+        if mapped is not None:
+            self._map = mapped
+            self._record = mapped.view(RECORD_SIZE)
+            self._header = mapped.view(HEADER_SIZE)
+            self._counter = mapped.u64(_COUNTER)
+
+    def close(self) -> None:
+        """Unmap and close (the owner, once no reader is inside its guard). Errors are dropped."""
+        mapped, self._map = self._map, None
+        self._record = self._header = self._counter = None
+        if mapped is not None:
+            mapped.close()
+        try:
+            self.ops.close(self.fd)
+        except OSError:
+            pass

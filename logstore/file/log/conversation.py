@@ -59,6 +59,7 @@ from .files import LogFiles
 from .frame import PREFIX_SIZE
 from .freshness import Action, Record, decide, past_in
 from .group_commit import AppendRequest, GroupCommit
+from .held import holds, new_lock
 from .reads import corrupted, decode_region, items_of
 from .seq_index import IndexMismatch, locate
 from .writer import CommitInfo, encode_group
@@ -89,7 +90,6 @@ class ConversationLog:
         self.conversation_id = conversation_id
         self.paths = paths
         self.lock_timeout = lock_timeout
-        self._files = LogFiles(ops, paths, dirs)
         # Optimistic: a missing directory shows as the lock file's ENOENT (no ``access`` per open).
         self._directory_ready = True
         self._dirs = dirs
@@ -101,8 +101,9 @@ class ConversationLog:
         # The one thread of this process that may hold the file lock (flock belongs to the open file
         # description, so two threads of one owner would both "hold" it): commits, locked refreshes,
         # trims. Taken *before* the file lock, so readers (``_io_lock``) never wait behind a flock wait.
-        self._commit_lock = threading.Lock()
-        self._io_lock = threading.Lock()  # one thread at a time touches descriptors/builds state
+        self._commit_lock = new_lock()  # (``held``: a lock that knows its holder with LOGSTORE_DEBUG_LOCKS)
+        self._io_lock = new_lock()  # one thread at a time touches descriptors/builds state
+        self._files = LogFiles(ops, paths, dirs, io_lock=self._io_lock, file_lock=self._file_lock)
         self._closed = False
         self._group = GroupCommit(self._commit_io)
         self._settling: threading.Event | None = None  # set while a settle holds ``_commit_lock``
@@ -138,6 +139,7 @@ class ConversationLog:
             with self._io_lock:
                 self._files.sync_index()
 
+    @holds("_commit_lock")
     def _trim_now(self) -> None:
         """Clean close or eviction: give back the preallocated tail and bring the index up to the log,
         so a closed conversation costs no unused chunk and its next open scans nothing. Best effort, and
@@ -146,18 +148,13 @@ class ConversationLog:
         if self._closed or not self._files.trim_wanted():
             return  # nothing to give back, nothing to index: no lock taken
         try:
-            try:
-                self._lock_file(0.0)  # one try: closing never waits on another process
-            except Timeout:
-                return
-            try:
-                with self._io_lock:
-                    self._refresh_locked_io()
-                    self._files.trim_and_index()
-            finally:
-                self._file_lock.release()
+            self._file_locked(self._trim_io, wait=False)  # one try: closing never waits on another process
         except (OSError, Io, Unavailable, Corrupted) as exc:
             log.warning("could not trim %s on close: %s", self.paths.log, exc)
+
+    def _trim_io(self) -> None:
+        self._refresh_locked_io()
+        self._files.trim_and_index()
 
     # ------------------------------------------------------------------ freshness
     def _ensure_fresh(self) -> None:
@@ -193,18 +190,12 @@ class ConversationLog:
                 raise Unavailable("store is closed")
             try:
                 self._settling = done
-                self._lock_file(0.0)
-                with self._io_lock:
-                    self._refresh_locked_io()
-            except Timeout:
-                pass
+                self._file_locked(self._refresh_locked_io, wait=False)
             finally:
-                try:
-                    self._file_lock.release()
-                finally:
-                    self._settling = None
-                    done.set()
+                self._settling = None
+                done.set()
 
+    @holds("_io_lock")
     def _refresh_unlocked_io(self) -> bool:
         """Take in what the commit point vouches for. False if only recovery under the file lock can tell.
         Caller holds ``_io_lock``."""
@@ -214,25 +205,57 @@ class ConversationLog:
 
     def _refresh_under_lock(self) -> None:
         with self._commit_lock:
-            if self._closed:  # before the lock fd could be reopened after close() closed it
-                raise Unavailable("store is closed")
-            try:
-                self._lock_file(self.lock_timeout)
-                with self._io_lock:
-                    self._refresh_locked_io()
-            finally:
-                self._file_lock.release()
+            self._file_locked(self._refresh_locked_io, wait=True)
 
+    @holds("_commit_lock")
+    def _file_locked(
+        self,
+        work: Callable[..., None],
+        *args: object,
+        wait: bool,
+        lock: Callable[[float], None] | None = None,
+    ) -> bool:
+        """The acquire sequence, written once (the lock order above): closed check -> the file lock
+        (``lock``, default ``_lock_file``: waiting up to ``lock_timeout`` and raising ``Timeout``, or with
+        ``wait=False`` one try, returning False if another owner holds it) -> ``_io_lock`` -> closed check
+        -> ``work(*args)``. The file lock is released on every path, interrupts included. Caller holds
+        ``_commit_lock`` (taken first, so readers never wait behind a flock wait)."""
+        if self._closed:  # before the lock fd could be reopened after close() closed it
+            raise Unavailable("store is closed")
+        try:
+            try:
+                (lock or self._lock_file)(self.lock_timeout if wait else 0.0)
+            except Timeout:
+                if wait:
+                    raise
+                return False
+            with self._io_lock:  # ``with``, not acquire(): an interrupt cannot land between take and try
+                if self._closed:
+                    raise Unavailable("store is closed")
+                work(*args)
+            return True
+        finally:
+            self._file_lock.release()
+
+    @holds("_commit_lock")
     def _lock_file(self, timeout: float) -> None:
         """Take the cross-process file lock (``PathLock``: it proves the path still names the file it
         locked). If that is another file than the one held before (a purge unlinked the old one under its
         flock), the descriptors are dropped, the commit point's among them (it is read through its own
         descriptor of the lock file): the next refresh reloads from the paths. Caller holds
         ``_commit_lock``."""
-        if self._file_lock.acquire(timeout):
+        if self._file_lock.acquire(timeout, unchanged=self._unchanged):
             with self._io_lock:
                 self._files.close()
 
+    @holds("_commit_lock")
+    def _unchanged(self) -> bool:
+        """Nothing changed the conversation's files since this process left the file lock (no syscall:
+        ``LogFiles.unchanged``). Caller holds ``_commit_lock`` and the file lock."""
+        with self._io_lock:
+            return self._files.unchanged()
+
+    @holds("_commit_lock", "_file_lock", "_io_lock")
     def _refresh_locked_io(self) -> None:
         """Bring the state up to the file (``LogFiles.refresh_locked``: recovery judges any bytes past the
         commit point). Caller holds ``_commit_lock``, the file lock and ``_io_lock``."""
@@ -263,36 +286,35 @@ class ConversationLog:
 
     def _commit_io(self, group: list[AppendRequest]) -> None:
         with self._commit_lock:
-            if self._closed:  # before the lock fd could be reopened after close() closed it
-                raise Unavailable("store is closed")
-            try:
-                # The directory, or a parent of it, may go while we create it or lock in it (a purge
-                # removing the site's tree, from the bottom up): a new conversation starts there, as in a
-                # directory never created. Bounded: a purge removes each directory once.
-                for attempt in range(1, _DIRECTORY_TRIES + 1):
-                    last = attempt == _DIRECTORY_TRIES
-                    if not self._directory_ready:  # the file lock lives there
-                        try:
-                            self._dirs.ensure(self.paths.directory)
-                        except OSError as exc:
-                            if exc.errno == errno.ENOENT and not last:
-                                continue
-                            raise self._files.io_error("mkdir", exc) from exc
-                        self._directory_ready = True
-                    try:
-                        self._lock_file(self.lock_timeout)
-                        break
-                    except Io as exc:
-                        if exc.errno != errno.ENOENT or last:
-                            raise
-                        if self.paths.directory in self._dirs:  # proven, then removed: a purge
-                            self._dirs.forget()
-                        self._directory_ready = False
-                with self._io_lock:
-                    self._commit_group(group)
-            finally:
-                self._file_lock.release()
+            self._file_locked(self._commit_group, group, wait=True, lock=self._lock_in_directory)
 
+    @holds("_commit_lock")
+    def _lock_in_directory(self, timeout: float) -> None:
+        """``_lock_file`` for a commit, which may create the conversation's directory. The directory, or a
+        parent of it, may go while we create it or lock in it (a purge removing the site's tree, from the
+        bottom up): a new conversation starts there, as in a directory never created. Bounded: a purge
+        removes each directory once. Caller holds ``_commit_lock``."""
+        for attempt in range(1, _DIRECTORY_TRIES + 1):
+            last = attempt == _DIRECTORY_TRIES
+            if not self._directory_ready:  # the file lock lives there
+                try:
+                    self._dirs.ensure(self.paths.directory)
+                except OSError as exc:
+                    if exc.errno == errno.ENOENT and not last:
+                        continue
+                    raise self._files.io_error("mkdir", exc) from exc
+                self._directory_ready = True
+            try:
+                self._lock_file(timeout)
+                return
+            except Io as exc:
+                if exc.errno != errno.ENOENT or last:
+                    raise
+                if self.paths.directory in self._dirs:  # proven, then removed: a purge
+                    self._dirs.forget()
+                self._directory_ready = False
+
+    @holds("_commit_lock", "_file_lock", "_io_lock")
     def _commit_group(self, group: list[AppendRequest]) -> None:
         """Caller holds ``_commit_lock``, the file lock and ``_io_lock``."""
         files = self._files
@@ -316,6 +338,7 @@ class ConversationLog:
             )
         self._write_group(group)
 
+    @holds("_commit_lock", "_file_lock", "_io_lock")
     def _write_group(self, group: list[AppendRequest]) -> None:
         state = self._files.state
         encoded = encode_group(
@@ -411,18 +434,12 @@ class ConversationLog:
     def _verify_and_rebuild(self, believed_end: int) -> None:
         """The index disagreed with the log: rescan the whole log (the truth) under the file lock and
         rebuild the index. If the scan stops inside what we served as good, that is corruption there."""
+        def rebuild() -> None:
+            if self._files.load_locked(believed_end=believed_end):
+                self._record_adopted()
+
         with self._commit_lock:
-            if self._closed:  # close() may have run: never reopen descriptors after it
-                raise Unavailable("store is closed")
-            try:
-                self._lock_file(self.lock_timeout)
-                with self._io_lock:
-                    if self._closed:
-                        raise Unavailable("store is closed")
-                    if self._files.load_locked(believed_end=believed_end):
-                        self._record_adopted()
-            finally:
-                self._file_lock.release()
+            self._file_locked(rebuild, wait=True)
         log.warning(
             "rebuilt in-memory index of %s from the log (%d frames)", self.paths.log, self._files.state.frames
         )

@@ -12,6 +12,8 @@ the owner's locks its caller holds ("the I/O lock": ``_io_lock``). Its own ``_st
 - Two ways to load: ``load_unlocked``, only what the commit point vouches for (never a torn tail or a
   judgement of damage: any disagreement sends the caller to the lock); ``load_locked``, recovery's whole
   rule, after which what it found is made durable and the commit point rewritten.
+- Under the file lock, an unchanged lock-file header (``unchanged``) stands for every check: nothing
+  changed since this process left the flock (``commit_point``'s change counter).
 - A failed write or fsync poisons the files (``poison``): the unacknowledged bytes are cut off (best
   effort; if the truncate fails, ``_failed`` makes the next recovery under the lock cut them, if still
   nobody vouched for them, before taking anything in: ``tail.cut_own_failed_write``).
@@ -23,25 +25,19 @@ import logging
 import os
 import threading
 from dataclasses import replace
+from typing import Any
 
 from ...core.errors import Io
 from .. import boot
 from ..durable_dirs import DurableDirs
 from ..fileio import FileOps
 from ..layout import ConversationPaths
-from .commit_point import CommitPoint, decode, encode, new_epoch, read_raw, write_raw
+from .commit_point import RECORD_SIZE, CommitPoint, PointFile, decode, encode, new_epoch
 from .freshness import Action, Record, decide, observe_locked
 from .group_commit import ReaderGuard
-from .recovery import (
-    EMPTY_STATE,
-    LogState,
-    extended,
-    recover,
-    recovered_state,
-    rescanned_state,
-    with_created_at,
-)
-from .scanner import ScanState, scan_log
+from .held import holds
+from .loading import mode_of, state_under_lock, vouched_state
+from .recovery import EMPTY_STATE, LogState, extended, with_created_at
 from .seq_index import SidecarIndex
 from .tail import FailedWrite, cut_back, cut_own_failed_write, failed_write_at, trim, truncate_torn
 from .writer import EncodedGroup, Written, write_group
@@ -53,9 +49,12 @@ _NONE, _SAME, _OTHER, _SERVE, _RECOVER = Record.NONE, Record.SAME, Record.OTHER,
 
 
 class LogFiles:
-    def __init__(self, ops: FileOps, paths: ConversationPaths, dirs: DurableDirs) -> None:
-        self.ops = ops
-        self.paths = paths
+    def __init__(
+        self, ops: FileOps, paths: ConversationPaths, dirs: DurableDirs, *, io_lock: Any = None,
+        file_lock: Any = None
+    ) -> None:
+        self.ops, self.paths = ops, paths
+        self._io_lock, self._file_lock = io_lock, file_lock  # the owner's, for ``held.holds`` (or None)
         self._dirs = dirs  # proven before a first frame is acknowledged (``write``)
         self._state_lock = threading.Lock()  # guards swapping ``_state`` and ``_generation``; brief
         self._fd_readers = ReaderGuard()
@@ -67,7 +66,8 @@ class LogFiles:
         self._epoch = b""  # the commit point's epoch the published state belongs to
         self._log_fd: int | None = None
         self._log_id: tuple[int, int, int] | None = None  # ``FileOps.file_id`` of ``_log_fd``
-        self._point_fd: int | None = None  # the ``.lock`` file, for the commit point record
+        self._point: PointFile | None = None  # the ``.lock`` file, for the commit point and its header
+        self._trusted: bytes | None = None  # the header as we left the flock (``unchanged``), or None
         self._index = SidecarIndex(ops, paths.index)
         self._loaded = False
         self._chunk = 0  # the last chunk preallocated here (doubles with each growth)
@@ -94,8 +94,8 @@ class LogFiles:
             return False
         try:
             with self._fd_readers:  # descriptors close only when no reader is inside
-                fd = self._point_fd
-                raw = None if fd is None else read_raw(self.ops, fd)
+                point = self._point
+                raw = None if point is None else point.read()
         except OSError:
             return False
         if raw is not None:
@@ -118,13 +118,14 @@ class LogFiles:
         """Close every descriptor; a later load reopens them. Caller holds the I/O lock."""
         with self._state_lock, self._fd_readers.exclusive():  # after every reader mid-``pread``
             self._generation += 1
-            for fd in (self._log_fd, self._point_fd):
-                if fd is not None:
-                    try:
-                        self.ops.close(fd)
-                    except OSError:
-                        pass
-            self._log_fd = self._log_id = self._point_fd = None
+            try:
+                if self._log_fd is not None:
+                    self.ops.close(self._log_fd)
+            except OSError:
+                pass
+            if self._point is not None:
+                self._point.close()
+            self._log_fd = self._log_id = self._point = self._trusted = None
             self._index.close()
             self._loaded = False
 
@@ -142,6 +143,7 @@ class LogFiles:
         return self._log_id[2]  # ``file_id`` is (device major, device minor, inode)
 
     # ------------------------------------------------------------------ refreshing
+    @holds("_io_lock")
     def refresh_unlocked(self) -> bool:
         """Take in what the commit point vouches for (``freshness.decide``: SERVE or LOAD). False if only
         recovery under the file lock can tell. Caller holds the I/O lock."""
@@ -153,12 +155,15 @@ class LogFiles:
             return True
         return self.load_unlocked()
 
+    @holds("_file_lock", "_io_lock")
     def refresh_locked(self) -> bool:
         """Bring the state up to the file (``freshness.decide``: SERVE or RECOVER). Caller holds the file
         lock and the I/O lock. Bytes past the commit point can only be a writer's that died before its
         record or its fdatasync: recovery judges them and fdatasyncs what it keeps before vouching for it.
         A file the path no longer names (erased, replaced) is never appended to (tools also invalidate
         the record). Returns what ``load_locked`` returns (False when it was not needed)."""
+        if self.unchanged():
+            return False  # nothing changed since this process left the flock (``commit_point``)
         try:
             record, state, size = self._record(), self._state, None
             if record is _SAME:
@@ -173,14 +178,28 @@ class LogFiles:
             return self.load_locked()
         if size is not None and size != state.size:  # another process grew or trimmed the unused tail
             self._publish(replace(state, size=size))
+        self._trust()
         return False
 
+    def unchanged(self) -> bool:
+        """Under the file lock, no syscall: the lock file's header is as this process left it, so the state
+        is every file's truth (``commit_point``'s change counter). Caller holds the I/O lock."""
+        trusted, point = self._trusted, self._point
+        return trusted is not None and point is not None and point.header() == trusted
+
+    def _trust(self) -> None:
+        """Under the file lock, proven to name the file locked, the state just brought up to every file:
+        note the header as this holder leaves it. Caller holds the I/O lock."""
+        point = self._point
+        header = None if point is None or self._log_fd is None else point.header()
+        self._trusted = header if header is not None and header[:RECORD_SIZE] == self._state.point else None
+
     def _record(self) -> Record:
-        """The commit point against the published state once what it vouches for is taken in (``MOVED``
-        is always ``TAKE_IN``): ``SAME`` or ``OTHER``; ``NONE`` if nothing is loaded. Holds the I/O lock."""
-        if not self._loaded or self._log_fd is None or self._point_fd is None:
+        """The commit point against the published state once what it vouches for is taken in: ``SAME``
+        or ``OTHER``; ``NONE`` if nothing is loaded. Holds the I/O lock."""
+        if not self._loaded or self._log_fd is None or self._point is None:
             return _NONE
-        raw = read_raw(self.ops, self._point_fd)
+        raw = self._point.read()
         state = self._state
         if raw == state.point or self._extend(state, raw):
             return _SAME
@@ -200,7 +219,7 @@ class LogFiles:
             raise self.io_error("open", exc) from exc
         try:
             self._log_id = self.ops.file_id(fd)
-            self._point_fd = self.ops.open_writable(self.paths.lock, os.O_RDWR | os.O_CREAT)
+            self._point = PointFile.open(self.ops, self.paths.lock)
         except OSError as exc:
             try:
                 self.ops.close(fd)
@@ -211,6 +230,7 @@ class LogFiles:
         self._log_fd = fd
         return True
 
+    @holds("_io_lock")
     def load_unlocked(self) -> bool:
         """Load what the commit point vouches for, without the file lock. False when only recovery under
         the lock can tell (no record, another boot's, damage, another file, or the log disagrees): the
@@ -218,41 +238,17 @@ class LogFiles:
         try:
             if not self._open_io():
                 return True
-            assert self._log_fd is not None and self._point_fd is not None
-            raw = read_raw(self.ops, self._point_fd)
-            point = decode(raw)
-            for _again in range(2):  # a read racing the record's pwrite may see it half written
-                if point is not None:
-                    break
-                raw = read_raw(self.ops, self._point_fd)
-                point = decode(raw)
-            if point is None or not point.trusted_for(self._ino):
-                return False
-            entries = self._index.open_and_read()
-            recovered = recover(self.ops, self._log_fd, entries, point.end)
-            verdict = recovered.verdict
-            # With damage, index entries past ``end`` make the bounded scan's verdict "missing-frames"
-            # at ``end``: the same good prefix, which is all that has to agree.
-            if verdict.end != point.end or (verdict.state is not ScanState.CLEAN and point.damage is None):
-                return False
-            if recovered.scan.next_seq != point.next_seq or read_raw(self.ops, self._point_fd) != raw:
-                return False  # the record moved while we read: start over
-            # Damage past ``end`` was judged under the lock by whoever wrote the record: the same verdict.
-            size = self.ops.size(self._log_fd)  # with a v2 log's preallocated tail (trimmed on close)
-            state = replace(
-                recovered_state(recovered, entries),
-                point=raw,
-                corrupt=point.damage,
-                size=max(size, point.end),
-            )
-            state = with_created_at(self.ops, self._log_fd, state)
+            assert self._log_fd is not None and self._point is not None
+            found = vouched_state(self.ops, self._log_fd, self._point, self._index, ino=self._ino)
         except OSError as exc:
             self.close()
             raise self.io_error("recovery read", exc) from exc
-        self._index.valid = recovered.anchor.kept
-        self._install(state, point.epoch)
+        if found is None:
+            return False
+        self._install(*found)
         return True
 
+    @holds("_file_lock", "_io_lock")
     def load_locked(self, *, believed_end: int | None = None) -> bool:
         """Recover under the file lock: the one place that judges torn tails and damage. What it finds is
         made durable before the commit point vouches for it. ``believed_end``: ignore the index and rescan
@@ -261,42 +257,23 @@ class LogFiles:
         try:
             if not self._open_io():
                 return False
-            fd, pfd = self._log_fd, self._point_fd
-            assert fd is not None and pfd is not None
-            raw = read_raw(self.ops, pfd)
+            fd, pf = self._log_fd, self._point
+            assert fd is not None and pf is not None
+            raw = pf.load()
             point = decode(raw)
             size = self.ops.size(fd)
             same_log = point is not None and point.boot == boot.boot_id() and point.ino == self._ino
-            if believed_end is None:
-                # Index first, log size second (both above): entries are written after their frame's
-                # fdatasync, so every entry read covers a frame the size covers.
-                entries = self._index.open_and_read()
-                damage = point.damage if same_log and point is not None else None
-                # Damage the record carries was found by a scan this recovery may not repeat (the index
-                # anchors past it): keep that verdict, with the frames before it.
-                bound = point.end if damage is not None and point is not None else size
-                recovered = recover(self.ops, fd, entries, bound)
-                if recovered.anchor.wrong:
-                    log.warning("index %s disagrees with the log; rebuilding", self.paths.index)
-                self._index.valid = recovered.anchor.kept
-                state = recovered_state(recovered, entries)
-                if damage is not None and recovered.verdict.end == bound:  # the good prefix it vouched for
-                    state = replace(state, corrupt=damage)
-                elif damage is not None:  # not what the record says: judge the whole log again
-                    entries = self._index.open_and_read()
-                    recovered = recover(self.ops, fd, entries, size)
-                    self._index.valid = recovered.anchor.kept
-                    state = recovered_state(recovered, entries)
-            else:
-                scan = scan_log(self.ops, fd, start=0, expected_seq=0, file_size=size)
-                self._index.open_and_read()  # open, and valid = 0: rewritten whole from the rescan
-                state = rescanned_state(scan, believed_end)
+            mode = mode_of(point, same_log=same_log, believed_end=believed_end)
+            state = state_under_lock(
+                self.ops, fd, self._index, point, mode=mode, size=size, believed_end=believed_end
+            )
             state = with_created_at(self.ops, self._log_fd, state)
         except OSError as exc:
             self.close()
             raise self.io_error("recovery read", exc) from exc
         if self._failed is not None and state.corrupt is None:  # (damage: the one verdict, and fsck's)
             try:
+                pf.bump()  # before the log may change without the record moving (``commit_point``)
                 cut = cut_own_failed_write(
                     self.ops, fd, self._failed, point, ino=self._ino, end=state.end, path=self.paths.log
                 )
@@ -312,6 +289,7 @@ class LogFiles:
         epoch = point.epoch if keep and point is not None else new_epoch()
         try:
             if state.corrupt is None and state.torn_at is not None:
+                pf.bump()
                 truncate_torn(self.ops, fd, state.end, path=self.paths.log)  # never vouched for
                 state = replace(state, torn_at=None, size=state.end)
             if state.end > vouched:
@@ -322,7 +300,7 @@ class LogFiles:
                 CommitPoint(boot.boot_id(), epoch, self._ino, state.end, state.next_seq, state.corrupt)
             )
             if record != raw:
-                write_raw(self.ops, pfd, record)
+                pf.write(record)
         except OSError as exc:
             # Never retry an fsync and trust it: cut what was not vouched for (never acknowledged) and
             # reopen from scratch next time; if that cut fails, it is a failed write of ours (``poison``).
@@ -331,19 +309,21 @@ class LogFiles:
             self.close()
             raise self.io_error("recovery", exc) from exc
         self._install(replace(state, point=record), epoch)
+        self._trust()
         return state.end > vouched
 
     def _extend(self, state: LogState, raw: bytes) -> bool:
         """Publish ``state`` extended to what the commit point ``raw`` vouches for (``recovery.extended``);
         False if it does not simply extend it (the caller reloads). Caller holds the I/O lock."""
-        assert self._log_fd is not None and self._point_fd is not None
-        new = extended(self.ops, self._log_fd, self._point_fd, state, raw, epoch=self._epoch, ino=self._ino)
+        assert self._log_fd is not None and self._point is not None
+        new = extended(self.ops, self._log_fd, self._point, state, raw, epoch=self._epoch, ino=self._ino)
         if new is None:
             return False
         self._publish(new)
         return True
 
     # ------------------------------------------------------------------ writing
+    @holds("_file_lock", "_io_lock")
     def create(self) -> None:
         """Create the log (there is none: ``has_log`` is False after a refresh) and load it as new, with
         no scan. Caller holds the file lock and the I/O lock, and has made the manifest's record of it
@@ -356,41 +336,44 @@ class LogFiles:
         epoch = new_epoch()
         record = encode(CommitPoint(boot.boot_id(), epoch, 0, 0, 0))
         try:
-            point_fd = self.ops.open_writable(self.paths.lock, os.O_RDWR | os.O_CREAT)
+            point = PointFile.open(self.ops, self.paths.lock)
         except OSError as exc:
             raise self.io_error("create", exc) from exc
         try:
-            write_raw(self.ops, point_fd, record)
+            point.write_new(record)  # a whole header, mapped: the first commit bumps its counter
             fd = self.ops.open(self.paths.log, os.O_RDWR | os.O_CREAT | os.O_EXCL)
         except FileExistsError:  # not under this lock: judge what is there like any log
-            self.ops.close(point_fd)
+            point.close()
             self.load_locked()
             return
         except OSError as exc:
-            self.ops.close(point_fd)
+            point.close()
             raise self.io_error("create", exc) from exc
         try:
             log_id = self.ops.file_id(fd)
         except OSError as exc:
             self.ops.close(fd)
-            self.ops.close(point_fd)
+            point.close()
             raise self.io_error("create", exc) from exc
         with self._state_lock:
             self._generation += 1
-            self._log_fd, self._log_id, self._point_fd = fd, log_id, point_fd
+            self._log_fd, self._log_id, self._point = fd, log_id, point
         self._index.open_new()
         self._chunk = 0
         self._install(LogState(bytearray(), point=record), epoch)
+        self._trust()
 
+    @holds("_file_lock", "_io_lock")
     def write(self, encoded: EncodedGroup) -> Written:
         """Write a group's frames at the published end, make them durable, move the commit point, publish
         the new state and maybe extend the index (a hint, after the fsync: it never leads the log). Caller
         holds the file lock and the I/O lock, with state just refreshed (``encoded`` was built from it).
         Raises ``Io`` after poisoning: nothing of the group is acknowledged."""
-        state = self._state
-        assert self._log_fd is not None and self._point_fd is not None and encoded.write_start == state.end
+        state, pf = self._state, self._point
+        assert self._log_fd is not None and pf is not None and encoded.write_start == state.end
         point = encode(CommitPoint(boot.boot_id(), self._epoch, self._ino, encoded.end, encoded.next_seq))
         try:
+            pf.bump()  # before the frames: a writer killed before its record leaves them past it
             done = write_group(
                 self.ops,
                 self._log_fd,
@@ -402,24 +385,24 @@ class LogFiles:
             )
             if encoded.write_start == 0:  # the first frame: its directory's own entry too (durable_dirs)
                 self._dirs.prove(self.paths.directory)
-            write_raw(self.ops, self._point_fd, point)  # durable: the commit point moves, for everyone
+            pf.write(point)  # durable: the commit point moves, for everyone
         except OSError as exc:
             self.poison(encoded.data)
             raise self.io_error("write+fdatasync", exc) from exc
         self._chunk, new = done.chunk, done.state
         self._failed = None  # written at an end recovery found clean: nothing of a failed write is left
         self._publish(new)
+        self._trust()
         self._index.write(new.entries, new.frames, new.end)
         return done
 
     def trim_wanted(self) -> bool:
         """A preallocated tail to give back, index entries to write, or a failed write to cut (``poison``:
         a recovery under the lock cuts it before this object, and what it remembers, is gone)."""
-        s = self._state
-        if self._failed is not None:
-            return True
-        return self._loaded and self._log_fd is not None and (s.size > s.end or self._index.valid < s.frames)
+        s, loaded = self._state, self._loaded and self._log_fd is not None
+        return self._failed is not None or loaded and (s.size > s.end or self._index.valid < s.frames)
 
+    @holds("_file_lock", "_io_lock")
     def trim_and_index(self) -> None:
         """Give back the unused tail, bring the index up to the log. Caller holds the file lock and the I/O
         lock, state just refreshed (frames taken in from another process are durable before indexed)."""
@@ -427,14 +410,16 @@ class LogFiles:
         if self._log_fd is None:
             return
         if state.size > state.end and state.corrupt is None:
+            assert self._point is not None
+            self._point.bump()
             trim(self.ops, self._log_fd, state.end)
             self._publish(replace(state, size=state.end))
+            self._trust()
         self._index.write(state.entries, state.frames, state.end, force=True)
 
     def sync_index(self) -> None:  # caller holds the I/O lock
         self._index.sync()
 
-    # ------------------------------------------------------------------ failures
     def poison(self, frames: bytes = b"") -> None:
         """After a failed write/fsync of ``frames`` (at the published end): close everything; the next
         operation reopens with recovery.

@@ -2,11 +2,12 @@
 freshness check of the conversation (``ConversationLog``, ``LogFiles``) follows.
 
 Strategy: three observations, each as cheap as its question allows, and a pure ``decide`` over them.
-- ``Record``: the commit point (``commit_point``) against the record the published state agrees with.
-  Every process moves it after its ``fdatasync``, so it says what every acknowledged commit added:
-  ``SAME`` (the fast path of every read: one ``pread`` of 28 bytes), ``MOVED``, ``OTHER`` (moved in a way
-  that does not simply extend our state: another epoch or file, damage, a record invalidated by a tool;
-  found by trying to take it in), ``NONE`` (nothing loaded, or no descriptors).
+- ``Record``: the commit point (``commit_point``) against the record the published state agrees with,
+  once what it vouches for past our state is taken in (durable frames: no verdict to make, so observing
+  it takes them in). Every process moves it after its ``fdatasync``, so it says what every acknowledged
+  commit added: ``SAME`` (the fast path of every read: the mapped record compared), ``OTHER`` (moved in
+  a way that does not simply extend our state: another epoch or file, damage, a record invalidated by a
+  tool), ``NONE`` (nothing loaded, or no descriptors).
 - ``named``: whether the log's path still names the file we hold (erasure, a restore, a repair replace
   it). Only asked under the file lock, where an append must never go to an unlinked file; the lock-free
   paths trust the record, which every such tool invalidates first.
@@ -14,11 +15,13 @@ Strategy: three observations, each as cheap as its question allows, and a pure `
   writer's that died between its write and its record; zeros are a v2 log's unused tail. A read that
   reaches the end sees them in its own ``pread``; the locked refresh reads them when the file is longer.
 
-Acting on it (``Action``): serve what is published; take in what the record vouches for (durable: no
-verdict to make); load again without the lock (only what the record vouches for); settle (recovery under
-the file lock if it is free at once: a live writer mid-commit owns its frames); recover (under the file
-lock, waiting: the one place a torn tail or damage is judged). The manifest's reconciliation asks the
-same ``past_end`` question of a log against its recorded end.
+Acting on it (``Action``): serve what is published; load again without the lock (only what the record
+vouches for); settle (recovery under the file lock if it is free at once: a live writer mid-commit owns
+its frames); recover (under the file lock, waiting: the one place a torn tail or damage is judged).
+``TABLE`` is the logic: ``decide`` looks the case up (h11's state table is the model). Under the file
+lock, an unchanged lock-file header stands for the whole observation (``LogFiles.unchanged``: SAME,
+named, nothing past). The manifest's reconciliation asks the same ``past_end`` question of a log
+against its recorded end.
 """
 
 from __future__ import annotations
@@ -29,13 +32,12 @@ from ..fileio import FileOps
 from .frame import PREFIX_SIZE
 from .recovery import LogState
 
-__all__ = ["Action", "Past", "Record", "decide", "observe_locked", "past_end", "past_in"]
+__all__ = ["Action", "Past", "Record", "TABLE", "decide", "observe_locked", "past_end", "past_in"]
 
 
 class Record(enum.Enum):
     NONE = "none"
     SAME = "same"
-    MOVED = "moved"
     OTHER = "other"
 
 
@@ -47,48 +49,32 @@ class Past(enum.Enum):
 
 class Action(enum.Enum):
     SERVE = "serve"
-    TAKE_IN = "take in"
     LOAD = "load"
     SETTLE = "settle"
     RECOVER = "recover"
 
 
-# Members as module globals for the paths every append and read takes: on 3.11 an Enum member read off
-# its class costs 70-180 ns (a descriptor), a global ~15 ns. With the members read off their classes, a
-# NamedTuple result and keyword calls, this table cost an append +5.2-5.6 us of CPU (P1-cpu, 70.2-70.9
-# -> 75.8-76.1 us, three pairs alternating); the globals and a plain tuple bring that back to noise.
-_SAME, _MOVED, _FRAME, _NOTHING, _UNSEEN = Record.SAME, Record.MOVED, Past.FRAME, Past.NOTHING, Past.UNSEEN
-_SERVE, _TAKE_IN, _LOAD, _SETTLE, _RECOVER = (
-    Action.SERVE,
-    Action.TAKE_IN,
-    Action.LOAD,
-    Action.SETTLE,
-    Action.RECOVER,
-)
+_NONE, _SAME, _OTHER = Record.NONE, Record.SAME, Record.OTHER
+_UNSEEN, _NOTHING, _FRAME = Past.UNSEEN, Past.NOTHING, Past.FRAME
+_SERVE, _LOAD, _SETTLE, _RECOVER = Action.SERVE, Action.LOAD, Action.SETTLE, Action.RECOVER
+
+# (record, path still names our file, what starts past the end) -> (without the lock, with the lock).
+# Every case once (tests/test_freshness.py walks them all); lookups pass plain tuples, members as module
+# globals: on 3.11 an Enum member read off its class costs 70-180 ns (docs/PERFORMANCE.md).
+TABLE: dict[tuple[Record, bool, Past], tuple[Action, Action]] = {}
+for _past in Past:
+    for _named in (True, False):
+        for _record in (_NONE, _OTHER):  # nothing to trust: load what a record vouches for, or recover
+            TABLE[_record, _named, _past] = (_LOAD, _RECOVER)
+        TABLE[_SAME, False, _past] = (_LOAD, _RECOVER)  # erased, replaced: never append to the old file
+    TABLE[_SAME, True, _past] = (_SETTLE, _RECOVER) if _past is _FRAME else (_SERVE, _SERVE)
+del _past, _named, _record
 
 
 def decide(*, locked: bool, record: Record, named: bool = True, past: Past = Past.UNSEEN) -> Action:
-    """The table (tests/test_freshness.py checks it row by row):
-
-    ===========  =====  =========  ================  ==============
-    record       named  past       without the lock  with the lock
-    ===========  =====  =========  ================  ==============
-    NONE, OTHER  any    any        LOAD              RECOVER
-    MOVED        any    any        TAKE_IN           TAKE_IN
-    SAME         no     any        LOAD              RECOVER
-    SAME         yes    FRAME      SETTLE            RECOVER
-    SAME         yes    otherwise  SERVE             SERVE
-    ===========  =====  =========  ================  ==============
-
-    After a ``TAKE_IN`` the caller decides again: ``SAME`` if it took the frames in, else ``OTHER``.
-    A ``LOAD`` that cannot tell (no record, another boot's, damage it does not name) ends in ``RECOVER``."""
-    if record is _MOVED:
-        return _TAKE_IN
-    if record is not _SAME or not named:
-        return _RECOVER if locked else _LOAD
-    if past is _FRAME:
-        return _RECOVER if locked else _SETTLE
-    return _SERVE
+    """What to do (``TABLE``). A ``LOAD`` that cannot tell (no record, another boot's, damage it does not
+    name) ends in ``RECOVER``; a ``SETTLE`` whose lock is busy serves (a live writer's frame)."""
+    return TABLE[record, named, past][locked]
 
 
 def past_in(prefix: bytes) -> Past:

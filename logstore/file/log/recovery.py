@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from ..fileio import FileOps
-from .commit_point import decode, read_raw
+from .commit_point import PointFile, decode
 from .frame import FORMAT_VERSION, Frame, Invalid, NeedMore, decode_header
 from .index_codec import ENTRY_SIZE, decode_entry, encode_entry
 from .scanner import ScanResult, ScanState, read_frame_at, scan_log
@@ -183,6 +183,41 @@ class LogState:
 
 
 EMPTY_STATE = LogState(bytearray())
+_new = object.__new__
+(_SET_ENTRIES, _SET_FRAMES, _SET_END, _SET_NEXT, _SET_CREATED, _SET_LAST, _SET_CORRUPT, _SET_TORN,
+ _SET_VERSION, _SET_SIZE, _SET_POINT) = (getattr(LogState, name).__set__ for name in LogState.__slots__)
+assert LogState.__slots__ == tuple(f for f in LogState.__dataclass_fields__), "state_of's order"
+
+
+def state_of(
+    entries: bytearray,
+    frames: int,
+    end: int,
+    next_seq: int,
+    created_at: int | None,
+    last_at: int | None,
+    corrupt: tuple[int, str] | None,
+    torn_at: int | None,
+    version: int,
+    size: int,
+    point: bytes,
+) -> LogState:
+    """``LogState(...)`` with every field, in field order, for the one built on every commit: the frozen
+    dataclass's ``__init__`` sets each field through ``object.__setattr__``; the slots' own descriptors
+    do the same in a third of the time (docs/PERFORMANCE.md, issue 35)."""
+    state = _new(LogState)
+    _SET_ENTRIES(state, entries)
+    _SET_FRAMES(state, frames)
+    _SET_END(state, end)
+    _SET_NEXT(state, next_seq)
+    _SET_CREATED(state, created_at)
+    _SET_LAST(state, last_at)
+    _SET_CORRUPT(state, corrupt)
+    _SET_TORN(state, torn_at)
+    _SET_VERSION(state, version)
+    _SET_SIZE(state, size)
+    _SET_POINT(state, point)
+    return state
 
 
 def recovered_state(recovered: Recovered, entries: bytearray) -> LogState:
@@ -252,12 +287,12 @@ def with_created_at(ops: FileOps, fd: int | None, state: LogState) -> LogState:
 
 
 def extended(
-    ops: FileOps, fd: int, point_fd: int, state: LogState, raw: bytes, *, epoch: bytes, ino: int
+    ops: FileOps, fd: int, point_file: PointFile, state: LogState, raw: bytes, *, epoch: bytes, ino: int
 ) -> LogState | None:
     """``state`` (of the log open as ``fd``, inode ``ino``, in ``epoch``) with the frames the commit point
     ``raw`` vouches for past it taken in (durable, so no verdict to make), agreeing with ``raw``; None if
     the record does not simply extend ``state`` in the same epoch (the caller reloads). Without the file
-    lock, the record is read again through ``point_fd`` after the scan (a seqlock: a tool invalidates it
+    lock, the record is read again through ``point_file`` after the scan (a seqlock: a tool invalidates it
     before it cuts)."""
     point = decode(raw)
     if (
@@ -281,7 +316,7 @@ def extended(
         )
         if result.state is not ScanState.CLEAN or result.end != point.end:
             return None
-        again = decode(read_raw(ops, point_fd))
+        again = decode(point_file.read())
         if again is None or again.epoch != point.epoch or again.ino != point.ino:
             return None
         state = replace(absorb(state, result, judge(result, None)), size=max(state.size, point.end))

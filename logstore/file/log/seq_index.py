@@ -91,7 +91,7 @@ class SidecarIndex:
         self.fd: int | None = None
         self.valid = 0  # leading file entries known to equal the state's entries
         # The log offset of entry ``valid`` (the first not in the file) of the ``_lag_of`` buffer,
-        # decoded once per lag instead of on every append (~1 us); buffers are append-only, a rebuild
+        # decoded once per lag instead of on every append; buffers are append-only, a rebuild
         # starts a new one, so (buffer, valid) names the entry.
         self._lag_of: tuple[bytearray, int] | None = None
         self._lag_from: int | None = None

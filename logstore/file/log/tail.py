@@ -53,10 +53,9 @@ FIRST_CHUNK = 64 * 1024
 MAX_CHUNK = 4 * 1024 * 1024
 # A commit this large past the preallocated end extends the file by its own bytes, without zeros: a
 # chunk's zeros are written once and then again as data, a cost that grows with the commit, while the
-# inode update preallocation saves is a fixed cost. Raw loop on this disk, growing the engine's way vs
-# extending (3 rounds): 40 KiB commits 1.18-1.27x, 52 KB 1.06-1.16x, 96 KiB 0.62-0.87x, 640 KiB
-# 0.30-0.73x. The engine, 5 rounds paired: 10 x 4 KiB +14-36%, 250 x 200 B +2-10% with 64 KiB
-# instead of 32 KiB (docs/PERFORMANCE.md). The format allows both (no zeros = a clean end).
+# inode update preallocation saves is a fixed cost: the two cross between 52 KB and 96 KiB here
+# (docs/PERFORMANCE.md, "Figures behind the engine's small choices"). The format allows both (no
+# zeros = a clean end).
 UNPREALLOCATED_WRITE = 64 * 1024
 _PAGE = 4096
 

@@ -20,7 +20,7 @@ from ..fileio import FileOps
 from .frame import encode_frame
 from .group_commit import AppendRequest
 from .index_codec import encode_entry
-from .recovery import LogState
+from .recovery import LogState, state_of
 from .tail import UNPREALLOCATED_WRITE, grown_size, next_chunk
 
 __all__ = ["CommitInfo", "EncodedGroup", "Written", "encode_group", "write_group"]
@@ -39,7 +39,7 @@ class CommitInfo(NamedTuple):
 
 class EncodedGroup(NamedTuple):
     """Immutable like a frozen dataclass; a NamedTuple because it is built on every commit and costs
-    half as much to build (~1 us less per append here: 8 fields)."""
+    half as much to build (docs/PERFORMANCE.md)."""
 
     accepted: list[tuple[AppendRequest, int]]  # request, its first seq
     data: bytes  # every accepted frame, back to back: one pwrite at ``write_start``
@@ -114,7 +114,7 @@ def _encode_one(
     req: AppendRequest, *, next_seq: int, write_start: int, now: int, last_at: int | None, version: int
 ) -> EncodedGroup | None:
     """``encode_group`` of one appended (not imported) batch, the single writer's case: the same
-    outcome without the lists, joins and loop (~1 us per append)."""
+    outcome without the lists, joins and loop (docs/PERFORMANCE.md)."""
     if next_seq + req.count > MAX_CONVERSATION_ITEMS:
         req.error, req.done = conversation_full(stored=next_seq, requested=req.count), True
         return None
@@ -174,19 +174,19 @@ def write_group(
     if encoded.write_start == 0:
         ops.fsync_dir(directory)
     state.entries.extend(encoded.entries)  # past ``state.frames``: invisible until the new state is out
-    # LogState(...) with every field, not dataclasses.replace: ~1 us less per append
-    # (tests/test_log_writer.py checks that no field is dropped).
-    after = LogState(
+    # Every field, in order (``state_of``: neither dataclasses.replace nor the frozen __init__, whose
+    # cost is in docs/PERFORMANCE.md; tests/test_log_writer.py checks that no field is dropped).
+    after = state_of(
         state.entries,
-        frames=state.frames + len(encoded.accepted),
-        end=encoded.end,
-        next_seq=encoded.next_seq,
-        created_at=encoded.first_at if state.created_at is None else state.created_at,
-        last_at=encoded.last_at,
-        corrupt=state.corrupt,
-        torn_at=state.torn_at,
-        version=state.version,
-        size=size,
-        point=point,  # the commit point record the caller writes once this returns (durable)
+        state.frames + len(encoded.accepted),
+        encoded.end,
+        encoded.next_seq,
+        encoded.first_at if state.created_at is None else state.created_at,
+        encoded.last_at,
+        state.corrupt,
+        state.torn_at,
+        state.version,
+        size,
+        point,  # the commit point record the caller writes once this returns (durable)
     )
     return Written(after, fsync_seconds, chunk)
