@@ -28,7 +28,7 @@ from .config import Profile
 from .load import SITE, drive_subprocess
 from .stats import Goal, Row, fig, paired_ratio
 
-__all__ = ["measure_mcp", "running_server"]
+__all__ = ["measure_mcp", "running_server", "stop_process"]
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -72,12 +72,17 @@ def running_server(
         _wait_healthy(f"http://127.0.0.1:{port}", proc)
         yield f"http://127.0.0.1:{port}/mcp", proc.pid
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
+
+
+def stop_process(proc: subprocess.Popen[Any]) -> None:
+    """SIGTERM, and SIGKILL if it has not exited 20 s later."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _new_site(data_dir: str) -> str:
