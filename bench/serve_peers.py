@@ -30,6 +30,7 @@ from .fsync_trace import fsyncs_per_batch
 from .load import SITE, LightClient, drive_subprocess, tool_arguments
 from .mcp_calls import _free_port, _new_site, running_server
 from .peer_load import ITEMS, SIZE, drive_peer
+from .perf_syncs import counting_syncs
 from .procfs import children
 from .redis_peer import redis_missing, redis_writer, running_redis
 from .stats import Figure, Goal, Row, fig, paired_ratio
@@ -69,6 +70,10 @@ def _traced(
         close()
 
 
+def _tree(pid: int) -> Callable[[], list[int]]:
+    return lambda: [pid, *children(pid)]
+
+
 def _postgres_facts(url: str) -> tuple[int | None, str]:
     """(postmaster pid if this machine's data directory can be read, durability settings)."""
     import psycopg
@@ -101,6 +106,8 @@ def measure_serve_peers(profile: Profile, directory: str) -> list[Row]:
     from .postgres import postgres_url, raw_writer
 
     runs: dict[str, Callable[[], Result]] = {}
+    after: dict[str, Callable[[], None]] = {}
+    sync_pids: dict[str, Callable[[], list[int]]] = {}  # whose fsyncs perf counts under load
     fsyncs: dict[str, float | None] = {}
     results: dict[str, list[Result]] = {}
     redis_skip = redis_missing()
@@ -110,8 +117,8 @@ def measure_serve_peers(profile: Profile, directory: str) -> list[Row]:
         password = _new_site(serve_dir)
         cmd = ["tools.cli", "serve", "--data-dir", serve_dir, "--workers", "2", "--log-level", "warning"]
         url, pid = stack.enter_context(running_server(cmd))
-        serve_pids = [pid, *children(pid)]
-        fsyncs["serve"] = _traced(lambda: serve_pids, lambda: _serve_writer(url, password), directory)
+        sync_pids["serve"] = _tree(pid)
+        fsyncs["serve"] = _traced(sync_pids["serve"], lambda: _serve_writer(url, password), directory)
         runs["serve"] = lambda: drive_subprocess(
             url, password, "append_memory", clients=clients, seconds=seconds, kind="light", server_pid=pid
         )
@@ -120,8 +127,9 @@ def measure_serve_peers(profile: Profile, directory: str) -> list[Row]:
         pg_pid, pg_facts = _postgres_facts(pg_url)
         payloads = _payloads()
         if pg_pid is not None:
+            sync_pids["postgres"] = _tree(pg_pid)  # the postmaster and its children (backends, WAL writer)
             fsyncs["postgres"] = _traced(
-                lambda: [pg_pid, *children(pg_pid)],
+                sync_pids["postgres"],
                 lambda: _closing(raw_writer(pg_url, payloads, f"fsync-{uuid.uuid4().hex[:12]}")),
                 directory,
             )
@@ -134,27 +142,27 @@ def measure_serve_peers(profile: Profile, directory: str) -> list[Row]:
 
         if redis_skip is None:
             redis = stack.enter_context(running_redis(directory, _free_port()))
+            sync_pids["redis"] = _tree(redis.pid)
             fsyncs["redis"] = _traced(
-                lambda: [redis.pid],
+                sync_pids["redis"],
                 lambda: _closing(redis_writer(redis.address, payloads, "fsync")),
                 directory,
             )
             redis.reset()
 
-            def redis_round() -> Result:
-                try:
-                    return drive_peer(
-                        "redis", redis.address, clients=clients, seconds=seconds, server_pid=redis.pid
-                    )
-                finally:
-                    redis.reset()  # untimed: drop the streams, rewrite the AOF
-
-            runs["redis"] = redis_round
+            runs["redis"] = lambda: drive_peer(
+                "redis", redis.address, clients=clients, seconds=seconds, server_pid=redis.pid
+            )
+            after["redis"] = redis.reset  # untimed: drop the streams, rewrite the AOF
         names = list(runs)
         for r in range(profile.runs):
             k = r % len(names)
             for name in names[k:] + names[:k]:
-                results.setdefault(name, []).append(runs[name]())
+                with counting_syncs(sync_pids[name]() if name in sync_pids else []) as syncs:
+                    result = runs[name]()
+                results.setdefault(name, []).append({**result, "syncs": syncs.value})
+                if name in after:
+                    after[name]()
     load = f"load average {load0:.1f} -> {os.getloadavg()[0]:.1f}"
     return _rows(
         clients, results, fsyncs, pg_facts, redis_skip, redis.version if redis_skip is None else "", load
@@ -177,7 +185,9 @@ def _side(name: str, results: list[Result], fsync: float | None) -> str:
     if name == "engine":
         return f"engine: {client.median:.3f} ms process CPU/batch (writers and engine)"
     cpu = f"server {server.median:.3f} ms CPU/batch, " if server.samples else "server CPU not measured, "
-    return f"{name}: {cpu}client {client.median:.3f} ms; {_fsyncs(fsync)}"
+    counted = [r["syncs"] / max(r["calls"], 1) for r in results if r.get("syncs") is not None]
+    loaded = f", {fig(counted).median:.2f} under load (perf)" if counted else ""
+    return f"{name}: {cpu}client {client.median:.3f} ms; {_fsyncs(fsync)}{loaded}"
 
 
 def _rows(
