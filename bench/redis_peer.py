@@ -112,7 +112,10 @@ def running_redis(directory: str, port: int) -> Iterator[RunningRedis]:
     args += ["--appendonly", "yes", "--appendfsync", "always", "--save", ""]
     args += ["--auto-aof-rewrite-percentage", "0", "--logfile", os.path.join(data, "redis.log")]
     version = subprocess.run([binary, "--version"], capture_output=True, text=True, check=True).stdout
-    proc = subprocess.Popen([binary, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # A session of its own, as PostgreSQL's postmaster has: its own CPU autogroup (see bench.serve_peers).
+    proc = subprocess.Popen(
+        [binary, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     server = RunningRedis(f"127.0.0.1:{port}", proc.pid, version.split()[2].removeprefix("v="))
     try:
         _wait_ready(server, proc)

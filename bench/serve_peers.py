@@ -116,7 +116,7 @@ def measure_serve_peers(profile: Profile, directory: str) -> list[Row]:
         serve_dir = os.path.join(directory, "serve")
         password = _new_site(serve_dir)
         cmd = ["tools.cli", "serve", "--data-dir", serve_dir, "--workers", "2", "--log-level", "warning"]
-        url, pid = stack.enter_context(running_server(cmd))
+        url, pid = stack.enter_context(running_server(cmd, new_session=True))
         sync_pids["serve"] = _tree(pid)
         fsyncs["serve"] = _traced(sync_pids["serve"], lambda: _serve_writer(url, password), directory)
         runs["serve"] = lambda: drive_subprocess(
