@@ -13,7 +13,9 @@ as fast as each batch is acknowledged, rounds rotating the order of the four:
 Each load runs in a process of its own (``bench.load``, ``bench.peer_load``), so its CPU is measured apart
 from the server's: CPU per batch of each server (all its processes and threads, from /proc) and of each
 client. Before the rounds, one writer's batches run alone under strace on each server to show that every
-acknowledgement waits for an fsync (``bench.fsync_trace``).
+acknowledgement waits for an fsync (``bench.fsync_trace``); during the rounds, perf counts each server's
+syncs per batch under load (``bench.perf_syncs``: how many batches share one). docs/PERFORMANCE.md
+("Peers and --workers 2") reads the figures, and why a loaded machine flatters some sides.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from .load import SITE, LightClient, drive_subprocess, tool_arguments
 from .mcp_calls import _free_port, _new_site, running_server
 from .peer_load import ITEMS, SIZE, drive_peer
 from .perf_syncs import counting_syncs
+from .postgres import postgres_url, raw_writer
 from .procfs import children
 from .redis_peer import redis_missing, redis_writer, running_redis
 from .stats import Figure, Goal, Row, fig, paired_ratio
@@ -52,7 +55,10 @@ def _serve_writer(url: str, password: str) -> tuple[Callable[[], None], Callable
         loop.run_until_complete(client.__aexit__(None, None, None))
         loop.close()
 
-    return close, lambda: loop.run_until_complete(client.call("append_memory", args)) and None
+    def step() -> None:
+        loop.run_until_complete(client.call("append_memory", args))
+
+    return close, step
 
 
 def _traced(
@@ -103,8 +109,6 @@ def _fsyncs(value: float | None) -> str:
 
 def measure_serve_peers(profile: Profile, directory: str) -> list[Row]:
     clients, seconds = profile.mcp_clients, profile.mcp_seconds
-    from .postgres import postgres_url, raw_writer
-
     runs: dict[str, Callable[[], Result]] = {}
     after: dict[str, Callable[[], None]] = {}
     sync_pids: dict[str, Callable[[], list[int]]] = {}  # whose fsyncs perf counts under load
