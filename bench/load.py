@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 from . import procfs
 from .config import make_items
 
-__all__ = ["tool_arguments", "LightClient", "run_load", "drive_subprocess", "SITE"]
+__all__ = ["tool_arguments", "LightClient", "run_load", "drive_subprocess", "run_driver", "SITE"]
 
 SITE = "bench"
 PROTOCOL = "2026-07-28"
@@ -224,13 +224,19 @@ def drive_subprocess(
     server_pid: int | None = None,
 ) -> dict[str, Any]:
     """``run_load`` in a fresh process (the driver's CPU is then its own, apart from the caller's)."""
+    args = [url, tool, f"--clients={clients}", f"--seconds={seconds}", f"--kind={kind}", f"--mode={mode}"]
+    env = {**os.environ, "LOGSTORE_BENCH_PASSWORD": password}
+    return run_driver("bench.load", [*args, f"--server-pid={server_pid or 0}"], seconds=seconds, env=env)
+
+
+def run_driver(module: str, args: list[str], *, seconds: float, env: dict[str, str] | None = None) -> Any:
+    """``python -m module args`` from this tree; its last stdout line, decoded from JSON."""
     import subprocess
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.load", url, tool, f"--clients={clients}", f"--seconds={seconds}"]
-        + [f"--kind={kind}", f"--mode={mode}", f"--server-pid={server_pid or 0}"],
-        env={**os.environ, "LOGSTORE_BENCH_PASSWORD": password},
+        [sys.executable, "-m", module, *args],
+        env=env,
         cwd=root,
         capture_output=True,
         text=True,
@@ -238,7 +244,7 @@ def drive_subprocess(
         check=False,
     )
     if proc.returncode != 0:
-        raise RuntimeError(f"MCP load driver failed: {proc.stderr[-2000:]}")
+        raise RuntimeError(f"{module} load driver failed: {proc.stderr[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 

@@ -28,7 +28,7 @@ from .config import Profile
 from .load import SITE, drive_subprocess
 from .stats import Goal, Row, fig, paired_ratio
 
-__all__ = ["measure_mcp", "running_server"]
+__all__ = ["measure_mcp", "running_server", "stop_process"]
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -55,10 +55,15 @@ def _wait_healthy(base: str, proc: subprocess.Popen[str], timeout: float = 30.0)
 
 @contextlib.contextmanager
 def running_server(
-    args: list[str], *, env: dict[str, str] | None = None, cwd: str | None = None
+    args: list[str],
+    *,
+    env: dict[str, str] | None = None,
+    cwd: str | None = None,
+    new_session: bool = False,
 ) -> Iterator[tuple[str, int]]:
     """Start ``python -m <args> --port P`` on a free port (in ``cwd``, this tree by default, with ``env``
-    over this environment); yield (MCP URL, pid); SIGTERM it afterwards."""
+    over this environment; with ``new_session``, in a session of its own: its own CPU autogroup, as a
+    daemon or service has); yield (MCP URL, pid); SIGTERM it afterwards."""
     port = _free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", *args, "--port", str(port)],
@@ -67,17 +72,23 @@ def running_server(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=new_session,
     )
     try:
         _wait_healthy(f"http://127.0.0.1:{port}", proc)
         yield f"http://127.0.0.1:{port}/mcp", proc.pid
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
+
+
+def stop_process(proc: subprocess.Popen[Any]) -> None:
+    """SIGTERM, and SIGKILL if it has not exited 20 s later."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _new_site(data_dir: str) -> str:

@@ -33,7 +33,7 @@ from logstore.core.limits import MAX_CONVERSATION_ITEMS
 from .config import Profile, make_items
 from .stats import Goal, Row, fig, p50, paired_ratio, run_threads
 
-__all__ = ["measure_postgres", "measure_mcp_postgres", "postgres_url"]
+__all__ = ["measure_postgres", "measure_mcp_postgres", "postgres_url", "raw_writer"]
 
 SITE = "bench"
 _ITEM, _BATCH = 200, 10
@@ -86,21 +86,28 @@ def postgres_url(directory: str) -> Iterator[str]:
             shutil.rmtree(base, ignore_errors=True)
 
 
-def _raw_loop(url: str, payloads: list[bytes], writers: int, duration: float) -> float:
+def raw_writer(url: str, payloads: list[bytes], cid: str) -> tuple[Any, Callable[[], None]]:
+    """(connection, step): each step inserts ``payloads`` as the next rows of ``cid`` in one transaction
+    (``executemany``, pipelined), committed with the server's synchronous_commit. The least a client does."""
     import psycopg
 
+    conn = psycopg.connect(url)
+    seq = itertools.count()
+
+    def step() -> None:
+        with conn.transaction(), conn.cursor() as cur:
+            cur.executemany(_RAW_INSERT, [(SITE, cid, next(seq), p) for p in payloads])
+
+    return conn, step
+
+
+def _raw_loop(url: str, payloads: list[bytes], writers: int, duration: float) -> float:
     run = next(_runs)
     conns: list[Any] = []
 
     def setup(i: int) -> Callable[[], object]:
-        conn = psycopg.connect(url)
+        conn, step = raw_writer(url, payloads, f"raw{run:04d}-w{i:02d}")
         conns.append(conn)
-        cid, seq = f"raw{run:04d}-w{i:02d}", itertools.count()
-
-        def step() -> None:
-            with conn.transaction(), conn.cursor() as cur:
-                cur.executemany(_RAW_INSERT, [(SITE, cid, next(seq), p) for p in payloads])
-
         return step
 
     try:

@@ -3,7 +3,8 @@
     python -m bench                 # full profile (~10 min; P5 at 10k and 1M conversations)
     python -m bench --quick         # about a minute
     python -m bench --only P1 P5    # a subset (ids: P1 P1-cpu P2 P3 sweep S-b250 P4 P5 P6 P7 P8 P9-P11
-                                    # P6-floor P6-pg P12 P13 P14 C1 C2; P1-P3 run together, so do P9-P11)
+                                    # P6-floor P6-redis P6-psql P6-engine P6-pg P12 P13 P14 C1 C2;
+                                    # P1-P3 run together, so do P9-P11 and P6-redis/psql/engine)
 
 Scratch data goes to ``--tmp-dir`` (default $LOGSTORE_BENCH_TMP or the system temp dir) and is deleted.
 A measure that fails is reported in the table and makes the exit status 1; ``--strict`` re-raises instead.
@@ -34,6 +35,7 @@ from .postgres import measure_mcp_postgres, measure_postgres
 from .reads import measure_reads
 from .report import environment, format_table, load_json, write_json, write_plot, write_results_doc
 from .serve_floor import measure_floor
+from .serve_peers import measure_serve_peers
 from .stats import Row
 from .ui_page import measure_ui_page
 
@@ -53,6 +55,7 @@ SECTIONS: dict[str, tuple[tuple[str, ...], Section]] = {
     "fsck": (("P8",), lambda p, d, a: measure_fsck(p, d)),
     "mcp": (("P6", "P6-sdk", "P6-cpu", "P6-w2"), lambda p, d, a: measure_mcp(p, d)),
     "floor": (("P6-floor",), lambda p, d, a: measure_floor(p, d)),
+    "serve-peers": (("P6-redis", "P6-psql", "P6-engine"), lambda p, d, a: measure_serve_peers(p, d)),
     "peer": (("P12",), lambda p, d, a: measure_peer(p, d)),
     "client": (("C1", "C1-down", "C2"), lambda p, d, a: measure_client(p, d)),
     "langgraph": (("C3-100", "C3-1k", "C3-10k", "C3-10"), lambda p, d, a: measure_langgraph(p, d)),
@@ -79,6 +82,9 @@ _ORDER = (
     "P6-cpu",
     "P6-w2",
     "P6-floor",
+    "P6-redis",
+    "P6-psql",
+    "P6-engine",
     "P6-pg",
     "P7",
     "P8",

@@ -136,10 +136,16 @@ def peak_rss_mb() -> float:
 
 
 def run_threads(
-    n: int, setup: Callable[[int], Callable[[], object]], duration: float, max_ops: int | None = None
+    n: int,
+    setup: Callable[[int], Callable[[], object]],
+    duration: float,
+    max_ops: int | None = None,
+    *,
+    on_start: Callable[[], None] | None = None,
 ) -> tuple[int, float]:
     """Run ``n`` threads, each calling its ``step`` (from untimed ``setup(i)``) until ``duration`` is up
-    (or ``max_ops`` calls in total). Returns (calls, seconds), timed from a common start barrier."""
+    (or ``max_ops`` calls in total). Returns (calls, seconds), timed from a common start barrier, at which
+    ``on_start`` runs (once every setup is done: to read CPU clocks over the timed window only)."""
     counts = [0] * n
     ends = [0.0] * n
     errors: list[BaseException] = []
@@ -148,6 +154,8 @@ def run_threads(
     budget_lock = threading.Lock()
 
     def started() -> None:
+        if on_start is not None:
+            on_start()
         clock["start"] = time.perf_counter()
         clock["deadline"] = clock["start"] + duration
 
