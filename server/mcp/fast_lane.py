@@ -30,6 +30,7 @@ worker thread, in the shape the SDK writes (``resultType``, the ``serverInfo`` s
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from functools import partial
 from typing import Annotated, Any, Literal
 
@@ -43,6 +44,8 @@ from mcp_types import (
 )
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from logstore.core.errors import ItemNotAnObject
 
 from ..transport.access_log import ToolCall
 from .app import ToolBinding, ToolRunner
@@ -99,10 +102,12 @@ _decode_request = msgspec.json.Decoder(_Request).decode
 _ANNOTATIONS = {"description", "title", "format"}  # format is an annotation in Draft 2020-12 (not asserted)
 
 
-def _field_type(spec: Mapping[str, Any]) -> Any:
+def _field_type(spec: Mapping[str, Any], raw_objects: bool) -> Any:
     """The msgspec type accepting exactly what the property schema ``spec`` accepts, minus what the
     jsonschema path also accepts but then handles (an integral float for an integer), or None if the
-    schema uses anything this does not model."""
+    schema uses anything this does not model. With ``raw_objects``, an array of objects is a list of each
+    element's JSON text, unchecked: the engine decodes it (``Backend.append_json``) and refuses what is not
+    an object (``ItemNotAnObject``), which the lane then hands to the jsonschema path."""
     kind = spec.get("type")
     rest = set(spec) - _ANNOTATIONS - {"type", "default"}
     if kind == "string" and not rest:
@@ -122,7 +127,7 @@ def _field_type(spec: Mapping[str, Any]) -> Any:
             return None
         # The length bounds are checked after decoding (``compile_arguments``), not by msgspec: a struct
         # refusing 1.3M entries costs 0.15 s on the event loop, then a second decode for jsonschema.
-        return list[dict[str, Any]]
+        return list[msgspec.Raw] if raw_objects else list[dict[str, Any]]
     return None
 
 
@@ -136,17 +141,19 @@ class Unsure(Exception):
         self.arguments = arguments
 
 
-def compile_arguments(schema: Mapping[str, Any]) -> Callable[[msgspec.Raw | bytes], dict[str, Any]] | None:
+def compile_arguments(
+    schema: Mapping[str, Any], *, raw_objects: bool = False
+) -> Callable[[msgspec.Raw | bytes], dict[str, Any]] | None:
     """A decoder of a tool's arguments (JSON text) into the validated dict (defaults applied) the
-    jsonschema path would give, raising ``msgspec.ValidationError`` for anything that path might refuse
+    jsonschema path would give, raising ``msgspec.DecodeError`` for anything that path might refuse
     or change, or ``Unsure`` (an array's length); None if the schema uses a keyword this does not model
-    (that tool's calls then validate with jsonschema)."""
+    (that tool's calls then validate with jsonschema). ``raw_objects``: see ``_field_type``."""
     if schema.get("type") != "object" or set(schema) - _ANNOTATIONS - {"type", "properties", "required"}:
         return None
     required = set(schema.get("required", ()))
     fields: list[tuple[Any, ...]] = []
     for name, spec in schema.get("properties", {}).items():
-        kind = _field_type(spec) if name.isidentifier() and not name.startswith("_") else None
+        kind = _field_type(spec, raw_objects) if name.isidentifier() and not name.startswith("_") else None
         if kind is None:
             return None
         if name in required:
@@ -275,17 +282,31 @@ class FastLane:
         self.sdk, self.bindings, self.hosts = sdk, dict(bindings), hosts
         self.site_of, self.replay = site_of, replay
         self.served = 0  # requests the lane answered (the rest went to the SDK): for tests
-        self.decoders = {name: compile_arguments(b.tool.input_schema) for name, b in self.bindings.items()}
+        # A tool with a ``run_json`` (append_memory) gets its items as JSON text, decoded once, in the
+        # engine (``Backend.append_json``); an item that is not an object comes back as ItemNotAnObject and
+        # the call is served again the plain way (``_serve``).
+        self.decoders = {
+            name: compile_arguments(b.tool.input_schema, raw_objects=b.run_json is not None)
+            for name, b in self.bindings.items()
+        }
+        lane_bindings = {
+            name: b if b.run_json is None else replace(b, run=b.run_json) for name, b in self.bindings.items()
+        }
         meta = _encode({SERVER_INFO_META_KEY: server_info})
         self._ok_tail = b',"isError":false,"resultType":"complete","structuredContent":'
         self._end = b',"_meta":' + meta + b"}"
         self._error_tail = b'}],"isError":true,"resultType":"complete","_meta":' + meta + b"}"
-        self.runner = ToolRunner(
-            self.bindings,
-            limiter=limiter,
-            on_call=on_call,
-            render=self._render,
-            render_error=self._render_error,
+        self.runner, self.plain = (
+            ToolRunner(
+                chosen,
+                limiter=limiter,
+                on_call=on_call,
+                render=self._render,
+                render_error=self._render_error,
+                threads=threads,
+                hand_back=hand_back,
+            )
+            for chosen, hand_back in ((lane_bindings, (ItemNotAnObject,)), (self.bindings, ()))
         )
 
     def _render(self, output: dict[str, Any]) -> bytes:
@@ -345,21 +366,28 @@ class FastLane:
         raw = params.arguments
         if memoryview(raw)[:1].tobytes() != b"{":  # an object (Raw is the value's exact text)
             return None
-        validated: dict[str, Any] | None = None
-        arguments: Any = None
+        site_of = partial(self.site_of, scope)
         decoder = self.decoders[tool]
+        result: bytes | None = None
+        arguments: Any = None
         if decoder is not None:
             try:
-                validated = arguments = decoder(raw)
+                arguments = decoder(raw)
             except Unsure as unsure:  # the jsonschema path words the refusal
-                arguments = unsure.arguments
-            except msgspec.ValidationError:
+                if self.bindings[tool].run_json is None:  # else it holds JSON texts: decoded below
+                    arguments = unsure.arguments
+            except msgspec.DecodeError:
                 pass  # the jsonschema path decides (and words the refusal) on the plain JSON
-        if arguments is None:
+            else:
+                try:
+                    result = await self.runner(tool, arguments, site_of, validated=arguments)
+                except ItemNotAnObject:
+                    arguments = None  # nothing was stored: the plain path below words the refusal
+        if result is None:
             try:
-                arguments = _decode_any(raw)
+                arguments = _decode_any(raw) if arguments is None else arguments
             except msgspec.DecodeError:
                 return None
+            result = await self.plain(tool, arguments, site_of)
         self.served += 1
-        result = await self.runner(tool, arguments, partial(self.site_of, scope), validated=validated)
         return b'{"jsonrpc":"2.0","id":' + _encode(request.id) + b',"result":' + result + b"}"
