@@ -15,6 +15,7 @@ import json
 import logging
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -94,6 +95,12 @@ def _answer(response: Any) -> tuple[int, str | None, Any]:
 
 @pytest.fixture(scope="module")
 def pair() -> Iterator[Pair]:
+    with _pair() as made:
+        yield made
+
+
+@contextmanager
+def _pair() -> Iterator[Pair]:
     with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
         apps = []
         for d, lane in ((a, True), (b, False)):
@@ -376,7 +383,15 @@ ENVELOPE_CASES: list[tuple[str, bytes, Any, bool]] = [
         False,
     ),
     (
-        "tools/list",
+        "tools/list with a cursor",
+        json.dumps(
+            {"jsonrpc": "2.0", "id": 3, "method": "tools/list", "params": {"_meta": META, "cursor": "x"}}
+        ).encode(),
+        {k: v for k, v in headers(mcp_method="tools/list").items() if k != "mcp-name"},
+        False,
+    ),
+    (
+        "tools/list with a name header",
         json.dumps({"jsonrpc": "2.0", "id": 3, "method": "tools/list", "params": {"_meta": META}}).encode(),
         headers(mcp_method="tools/list"),
         False,
@@ -578,3 +593,44 @@ def test_the_lane_stores_exactly_what_the_sdk_path_stores(pair, monkeypatch):
         lane_items, sdk_items = (_stored_items(d, cid) for d in pair.dirs)
         assert len(lane_items) == 2 and lane_items == sdk_items
     assert calls == {"append": len(RAW_ITEMS), "append_json": len(RAW_ITEMS)}  # one each: lane, SDK path
+
+
+def _list_body(rid: str, meta: str = META_TEXT) -> bytes:
+    return f'{{"jsonrpc":"2.0","id":{rid},"method":"tools/list","params":{{"_meta":{meta}}}}}'.encode()
+
+
+def test_tools_list_is_the_sdks_answer_byte_for_byte():
+    """The first plain tools/list goes to the SDK (its answer is kept: server.mcp.lane_listing), every later
+    one is the lane's, and each answer is the SDK app's byte for byte, whatever the id."""
+    hdrs = {k: v for k, v in headers(mcp_method="tools/list").items() if k != "mcp-name"}
+    ids = ["1", "2", "0", "-7", str(2**70), '"abc"', '"a\\"b/\\u0001"', '""', '"\\u00e9"', "1.5", "null"]
+    served_by_lane = ["2", "0", "-7", str(2**70), '"abc"', '"a\\"b/\\u0001"', '""']
+    with _pair() as made:
+        for rid in ids:
+            before = made.lane_app.served
+            a = made.lane.post("/mcp", content=_list_body(rid), headers=hdrs)
+            b = made.sdk.post("/mcp", content=_list_body(rid), headers=hdrs)
+            assert (made.lane_app.served > before) is (rid in served_by_lane), rid
+            assert (a.status_code, a.headers.get("content-type"), a.content) == (
+                b.status_code,
+                b.headers.get("content-type"),
+                b.content,
+            ), rid
+            if rid in served_by_lane:
+                listing = a
+        assert listing.status_code == 200 and [
+            t["name"] for t in json.loads(listing.content)["result"]["tools"]
+        ] == [
+            "append_memory",
+            "recall_memory",
+            "replay_memory",
+            "list_conversations",
+        ]
+        # A request the lane does not take is still the SDK's after the answer is kept.
+        before = made.lane_app.served
+        odd = made.lane.post("/mcp", content=_list_body("5", meta=_meta(x=1)), headers=hdrs)
+        assert made.lane_app.served == before
+        assert (
+            odd.content
+            == made.sdk.post("/mcp", content=_list_body("5", meta=_meta(x=1)), headers=hdrs).content
+        )

@@ -1,4 +1,5 @@
-"""The fast lane: ``tools/call`` of a served tool, 2026-07-28 era, answered as JSON, without the SDK.
+"""The fast lane: ``tools/call`` of a served tool (and a plain ``tools/list``), 2026-07-28 era, answered as
+JSON, without the SDK.
 
 Issue 34: through the SDK an append call cost ~1 ms of CPU, under a fifth of it the engine's; JSON Schema
 validation, pydantic re-validation of request and result, the dispatch machinery and stdlib JSON were the
@@ -22,9 +23,15 @@ Arguments are decoded once into a struct compiled from the tool's input schema (
 A struct that does not take them is not an answer: the arguments are then decoded as plain JSON (or, when
 only an array's length bound is broken, taken as decoded: ``Unsure``) and the call goes through the
 jsonschema validator like on the SDK path, so every refusal has the same error name and message
-(``tests/test_server_fast_lane.py`` holds the two paths to that). The call itself, the error mapping,
-metrics and access log are ``ToolRunner``'s, shared with the SDK path; the result is encoded once, in the
-worker thread, in the shape the SDK writes (``resultType``, the ``serverInfo`` stamp).
+(``tests/test_server_fast_lane.py`` holds the two paths to that). ``append_memory``'s items stay JSON text
+(``msgspec.Raw``) and are decoded once, in the engine (``Backend.append_json``, which stores what the SDK
+path stores); an item that is not an object there (``ItemNotAnObject``) sends the call the plain way above,
+and one msgspec cannot read to the SDK, as before. The call itself, the error mapping, metrics and access
+log are ``ToolRunner``'s, shared with the SDK path (one executor hop: ``server.mcp.threads``); the result is
+encoded once, in the worker thread, in the shape the SDK writes (``resultType``, the ``serverInfo`` stamp).
+
+``tools/list`` (headers ``Mcp-Method: tools/list`` and no ``Mcp-Name``, a body of ``_meta`` only) is
+answered with the SDK's own answer, kept from the first one (``server.mcp.lane_listing``).
 """
 
 from __future__ import annotations
@@ -32,16 +39,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from functools import partial
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import anyio
 import msgspec
-from mcp_types import (
-    CLIENT_CAPABILITIES_META_KEY,
-    CLIENT_INFO_META_KEY,
-    PROTOCOL_VERSION_META_KEY,
-    SERVER_INFO_META_KEY,
-)
+from mcp_types import SERVER_INFO_META_KEY
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -49,6 +51,8 @@ from logstore.core.errors import ItemNotAnObject
 
 from ..transport.access_log import ToolCall
 from .app import ToolBinding, ToolRunner
+from .lane_envelope import Meta, Request, response
+from .lane_listing import ListingCache
 from .threads import ToolThreads
 from .tool_errors import body_text
 
@@ -64,37 +68,13 @@ _JSON_ACCEPT = frozenset({"application/json", "application/*", "*/*"})
 # --- the envelope: strict, so that anything unusual is the SDK's ------------------------------------------
 
 
-class _ClientInfo(msgspec.Struct, forbid_unknown_fields=True):
-    name: str
-    version: str
-
-
-class _Capabilities(msgspec.Struct, forbid_unknown_fields=True):
-    pass
-
-
-class _Meta(msgspec.Struct, forbid_unknown_fields=True):
-    protocol_version: str = msgspec.field(name=PROTOCOL_VERSION_META_KEY)
-    client_capabilities: _Capabilities = msgspec.field(name=CLIENT_CAPABILITIES_META_KEY)
-    client_info: _ClientInfo | msgspec.UnsetType = msgspec.field(
-        default=msgspec.UNSET, name=CLIENT_INFO_META_KEY
-    )
-
-
 class _Params(msgspec.Struct, forbid_unknown_fields=True):
     name: str
     arguments: msgspec.Raw
-    meta: _Meta = msgspec.field(name="_meta")
+    meta: Meta = msgspec.field(name="_meta")
 
 
-class _Request(msgspec.Struct, forbid_unknown_fields=True):
-    jsonrpc: Literal["2.0"]
-    id: int | str
-    method: Literal["tools/call"]
-    params: _Params
-
-
-_decode_request = msgspec.json.Decoder(_Request).decode
+_decode_request = msgspec.json.Decoder(Request[_Params]).decode
 
 
 # --- arguments: a struct per tool, from its input schema ---------------------------------------------------
@@ -219,9 +199,9 @@ def _accepts_json(accept: bytes) -> bool:
     )
 
 
-def _route(headers: list[tuple[bytes, bytes]], hosts: HostRule | None) -> tuple[bytes, bytes] | None:
+def _route(headers: list[tuple[bytes, bytes]], hosts: HostRule | None) -> tuple[bytes, bytes | None] | None:
     """(``MCP-Protocol-Version``, ``Mcp-Name``) of a request the lane may take (by its headers), or None:
-    the SDK's."""
+    the SDK's. The name is None for a ``tools/list`` (which has none)."""
     version = method = name = ctype = accept = host = origin = None
     for key, value in headers:
         if key == b"mcp-protocol-version":
@@ -246,11 +226,13 @@ def _route(headers: list[tuple[bytes, bytes]], hosts: HostRule | None) -> tuple[
             origin = value if origin is None else origin
         elif key == b"mcp-session-id" or key.startswith(b"mcp-param-"):
             return None
+    if method == b"tools/list":
+        if name is not None:
+            return None
+    elif method != b"tools/call" or not name or name.startswith(b"=?"):  # =?: base64 (mcp.shared.inbound)
+        return None
     if (
         version not in _MODERN
-        or method != b"tools/call"
-        or not name
-        or name.startswith(b"=?")  # a base64 sentinel (mcp.shared.inbound.decode_header_value)
         or ctype is None
         or not ctype.lower().startswith(b"application/json")
         or accept is None
@@ -282,6 +264,7 @@ class FastLane:
         self.sdk, self.bindings, self.hosts = sdk, dict(bindings), hosts
         self.site_of, self.replay = site_of, replay
         self.served = 0  # requests the lane answered (the rest went to the SDK): for tests
+        self.listing = ListingCache()
         # A tool with a ``run_json`` (append_memory) gets its items as JSON text, decoded once, in the
         # engine (``Backend.append_json``); an item that is not an object comes back as ItemNotAnObject and
         # the call is served again the plain way (``_serve``).
@@ -329,8 +312,19 @@ class FastLane:
         message = await receive()
         body = message.get("body", b"") if message["type"] == "http.request" else b""
         result = None
-        if not message.get("more_body", False):  # BodyGuard hands the whole body in one message
-            result = await self._serve(route, body, scope)
+        if message.get("more_body", False):  # BodyGuard hands the whole body in one message
+            pass
+        elif route[1] is None:  # tools/list: the SDK's kept answer (lane_listing)
+            version = route[0].decode("latin-1")
+            rid = self.listing.request_id(body, version)
+            if rid is not None:
+                result = self.listing.answer(version, rid)
+                if result is None:
+                    send = self.listing.keeping(version, rid, send)
+                else:
+                    self.served += 1
+        else:
+            result = await self._serve(route[0], route[1], body, scope)
         if result is None:
             await self.sdk(scope, self.replay(message, receive), send)
             return
@@ -346,17 +340,18 @@ class FastLane:
         )
         await send({"type": "http.response.body", "body": result})
 
-    async def _serve(self, route: tuple[bytes, bytes], body: bytes, scope: Scope) -> bytes | None:
+    async def _serve(self, version: bytes, name: bytes, body: bytes, scope: Scope) -> bytes | None:
         """The whole JSON-RPC response, or None: hand the request to the SDK."""
         try:
             request = _decode_request(body)
         except msgspec.DecodeError:
             return None
+        if request.method != "tools/call":
+            return None
         params = request.params
         tool = params.name
         # The SDK compares the envelope's version and name with the headers (HEADER_MISMATCH): the lane
         # takes only a request where they are equal (headers read as latin-1, as starlette does).
-        version, name = route
         if (
             params.meta.protocol_version != version.decode("latin-1")
             or tool != name.decode("latin-1")
@@ -390,4 +385,4 @@ class FastLane:
                 return None
             result = await self.plain(tool, arguments, site_of)
         self.served += 1
-        return b'{"jsonrpc":"2.0","id":' + _encode(request.id) + b',"result":' + result + b"}"
+        return response(request.id, result)
