@@ -9,11 +9,14 @@ nothing and the last value, here as there (``tests/contract/test_json_items.py``
 byte-identical stored items over the payload-rules corpus). Compact JSON from msgspec, ``JSON.stringify``
 or pydantic is stored as sent.
 
-The saving is the rule walk: an item msgspec decoded here can only hold exact JSON types, finite floats and
-integers of at most 4300 digits, so of the rules (``batch.py``) only depth and a 4300-digit integer are
-left, and ``_shallow`` settles depth in C loops for all but the rare deep item. Anything undecided takes
-``batch.py``'s own path (``_vouch``, then ``_verdict`` naming the path), so refusals are word for word
-``prepare_batch``'s. Figures: docs/PERFORMANCE.md (issue 34).
+The saving is the rule walk of small items: an item msgspec decoded here can only hold exact JSON types,
+finite floats and integers of at most 4300 digits, so of the rules (``batch.py``) only depth and a
+4300-digit integer are left, and neither fits in an encoding of at most 256 bytes, which is then not walked
+at all. A longer item takes ``batch.py``'s own walk as ``encode_item`` does (``_vouch``, then ``_verdict``
+naming the path; for the common shape, a few keys and long strings, the walk costs less than a byte scan
+such as ``_shallow``), so refusals are word for word ``prepare_batch``'s. What it costs: the request's items
+are scanned once more (msgspec skipping them as ``Raw``), and each is decoded by its own call. Figures:
+docs/PERFORMANCE.md (issue 34).
 
 Order of checks (``arguments.append_json_args``): the count, then every item must decode to an object
 (``ItemNotAnObject``: on the server that is the input schema's rule, which comes before the engine's),
@@ -29,7 +32,6 @@ import msgspec
 
 from .batch import (
     PreparedBatch,
-    _shallow,
     _verdict,
     _vouch,
     check_batch_count,
@@ -37,7 +39,7 @@ from .batch import (
     check_item_size,
 )
 from .errors import InvalidArgument, ItemNotAnObject
-from .limits import MAX_INT_DIGITS
+from .limits import MAX_INT_DIGITS, MAX_PAYLOAD_DEPTH
 
 __all__ = ["JsonText", "DecodedBatch", "decode_json_items", "prepare_decoded"]
 
@@ -45,6 +47,9 @@ JsonText: TypeAlias = bytes | bytearray | memoryview | msgspec.Raw
 """One item's JSON text: anything msgspec decodes from (``msgspec.Raw`` included)."""
 
 _decode = msgspec.json.Decoder().decode
+# No rule can fail for a decoded item whose encoding is this short: each nesting level takes two bytes (so
+# it is at most MAX_PAYLOAD_DEPTH deep) and an integer of more than MAX_INT_DIGITS digits cannot fit.
+_UNWALKED_BYTES = 2 * MAX_PAYLOAD_DEPTH
 _encode = msgspec.json.Encoder().encode
 
 
@@ -83,12 +88,10 @@ def prepare_decoded(batch: DecodedBatch) -> PreparedBatch:
     encoded = []
     for index, item in enumerate(batch.items):
         raw = _encode(item)
-        if len(raw) > MAX_INT_DIGITS:  # room for a too-long integer: batch.py's walk decides
-            if not _vouch(item, 1, True):
+        if len(raw) > _UNWALKED_BYTES:  # batch.py's walk, as encode_item: names the path of what it breaks
+            if not _vouch(item, 1, len(raw) > MAX_INT_DIGITS):
                 raw = _verdict(item, index)
             check_item_size(index, len(raw))
-        elif not _shallow(raw):  # deeper than MAX_PAYLOAD_DEPTH: the walk names where
-            raw = _verdict(item, index)
         encoded.append(raw)
     check_batch_size(sum(map(len, encoded)))
     return PreparedBatch(tuple(encoded))
