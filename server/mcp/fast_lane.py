@@ -39,7 +39,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from functools import partial
-from typing import Annotated, Any
+from typing import Annotated, Any, Generic, TypeVar
 
 import anyio
 import msgspec
@@ -56,11 +56,12 @@ from .lane_listing import ListingCache
 from .threads import ToolThreads
 from .tool_errors import body_text
 
-__all__ = ["FastLane", "compile_arguments", "HostRule", "Unsure"]
+__all__ = ["FastLane", "CompiledArguments", "compile_arguments", "HostRule", "Unsure"]
 
 _encode = msgspec.json.Encoder().encode
 _decode_any = msgspec.json.Decoder().decode
 
+A = TypeVar("A")
 _MODERN = frozenset(v.encode("latin-1") for v in MODERN_PROTOCOL_VERSIONS)
 _JSON_ACCEPT = frozenset({"application/json", "application/*", "*/*"})
 
@@ -121,9 +122,32 @@ class Unsure(Exception):
         self.arguments = arguments
 
 
-def compile_arguments(
-    schema: Mapping[str, Any], *, raw_objects: bool = False
-) -> Callable[[msgspec.Raw | bytes], dict[str, Any]] | None:
+class CompiledArguments:
+    """A tool's arguments struct (``struct``), and what turns a decoded one into the validated dict
+    (defaults applied) the jsonschema path would give (``finish``); calling it decodes JSON text too."""
+
+    def __init__(self, struct: type[msgspec.Struct], lengths: list[tuple[str, int, int | None]]) -> None:
+        self.struct, self.lengths = struct, lengths
+        self.names = struct.__struct_fields__
+        self._decode = msgspec.json.Decoder(struct).decode
+
+    def __call__(self, raw: msgspec.Raw | bytes) -> dict[str, Any]:
+        return self.finish(self._decode(raw))
+
+    def finish(self, decoded: Any) -> dict[str, Any]:
+        out = {}
+        for name in self.names:
+            value = getattr(decoded, name)
+            if value is not msgspec.UNSET:
+                out[name] = value
+        for name, low, high in self.lengths:
+            value = out.get(name)
+            if value is not None and (len(value) < low or (high is not None and len(value) > high)):
+                raise Unsure(out)
+        return out
+
+
+def compile_arguments(schema: Mapping[str, Any], *, raw_objects: bool = False) -> CompiledArguments | None:
     """A decoder of a tool's arguments (JSON text) into the validated dict (defaults applied) the
     jsonschema path would give, raising ``msgspec.DecodeError`` for anything that path might refuse
     or change, or ``Unsure`` (an array's length); None if the schema uses a keyword this does not model
@@ -146,29 +170,21 @@ def compile_arguments(
         return None
     # Unknown members are ignored, as the schema allows them (no additionalProperties: false).
     struct = msgspec.defstruct(str(schema.get("title", "Arguments")), fields, kw_only=True)
-    decode = msgspec.json.Decoder(struct).decode
-    names = struct.__struct_fields__
-    props = schema.get("properties", {})
     lengths = [
         (name, spec.get("minItems", 0), spec.get("maxItems"))
-        for name, spec in props.items()
+        for name, spec in schema.get("properties", {}).items()
         if "minItems" in spec or "maxItems" in spec
     ]
+    return CompiledArguments(struct, lengths)
 
-    def arguments(raw: msgspec.Raw | bytes) -> dict[str, Any]:
-        decoded = decode(raw)
-        out = {}
-        for name in names:
-            value = getattr(decoded, name)
-            if value is not msgspec.UNSET:
-                out[name] = value
-        for name, low, high in lengths:
-            value = out.get(name)
-            if value is not None and (len(value) < low or (high is not None and len(value) > high)):
-                raise Unsure(out)
-        return out
 
-    return arguments
+class _TypedParams(msgspec.Struct, Generic[A], forbid_unknown_fields=True):
+    """``_Params`` with the arguments decoded by the struct of the tool the headers name: one decoding of
+    the whole body instead of the envelope, then the arguments again (``FastLane._typed``)."""
+
+    name: str
+    arguments: A
+    meta: Meta = msgspec.field(name="_meta")
 
 
 # --- the HTTP side --------------------------------------------------------------------------------------
@@ -272,6 +288,11 @@ class FastLane:
             name: compile_arguments(b.tool.input_schema, raw_objects=b.run_json is not None)
             for name, b in self.bindings.items()
         }
+        self.typed = {
+            name: msgspec.json.Decoder(Request[_TypedParams[compiled.struct]]).decode  # type: ignore[name-defined]
+            for name, compiled in self.decoders.items()
+            if compiled is not None
+        }
         lane_bindings = {
             name: b if b.run_json is None else replace(b, run=b.run_json) for name, b in self.bindings.items()
         }
@@ -340,12 +361,31 @@ class FastLane:
         )
         await send({"type": "http.response.body", "body": result})
 
+    def _typed(self, tool: str, body: bytes) -> tuple[Request[Any], dict[str, Any]] | None:
+        """The request and its validated arguments in one decoding, with the struct of the tool the headers
+        name; None if that does not take them (the generic path below decides, as if this did not exist)."""
+        typed, compiled = self.typed.get(tool), self.decoders.get(tool)
+        if typed is None or compiled is None:
+            return None
+        try:
+            request = typed(body)
+            return request, compiled.finish(request.params.arguments)
+        except (msgspec.DecodeError, Unsure):
+            return None
+
     async def _serve(self, version: bytes, name: bytes, body: bytes, scope: Scope) -> bytes | None:
         """The whole JSON-RPC response, or None: hand the request to the SDK."""
-        try:
-            request = _decode_request(body)
-        except msgspec.DecodeError:
-            return None
+        header_tool = name.decode("latin-1")
+        typed = self._typed(header_tool, body)
+        request: Request[Any]
+        if typed is not None:
+            request, validated = typed
+        else:
+            validated = None
+            try:
+                request = _decode_request(body)
+            except msgspec.DecodeError:
+                return None
         if request.method != "tools/call":
             return None
         params = request.params
@@ -354,35 +394,37 @@ class FastLane:
         # takes only a request where they are equal (headers read as latin-1, as starlette does).
         if (
             params.meta.protocol_version != version.decode("latin-1")
-            or tool != name.decode("latin-1")
+            or tool != header_tool
             or tool not in self.bindings
         ):
             return None
-        raw = params.arguments
-        if memoryview(raw)[:1].tobytes() != b"{":  # an object (Raw is the value's exact text)
-            return None
-        site_of = partial(self.site_of, scope)
-        decoder = self.decoders[tool]
-        result: bytes | None = None
-        arguments: Any = None
-        if decoder is not None:
-            try:
-                arguments = decoder(raw)
-            except Unsure as unsure:  # the jsonschema path words the refusal
-                if self.bindings[tool].run_json is None:  # else it holds JSON texts: decoded below
-                    arguments = unsure.arguments
-            except msgspec.DecodeError:
-                pass  # the jsonschema path decides (and words the refusal) on the plain JSON
-            else:
-                try:
-                    result = await self.runner(tool, arguments, site_of, validated=arguments)
-                except ItemNotAnObject:
-                    arguments = None  # nothing was stored: the plain path below words the refusal
-        if result is None:
-            try:
-                arguments = _decode_any(raw) if arguments is None else arguments
-            except msgspec.DecodeError:
+        plain: Any = None  # the arguments as plain JSON, for the jsonschema path
+        if typed is None:
+            if memoryview(params.arguments)[:1].tobytes() != b"{":  # an object (Raw is the exact text)
                 return None
-            result = await self.plain(tool, arguments, site_of)
+            decoder = self.decoders[tool]
+            if decoder is not None:
+                try:
+                    validated = decoder(params.arguments)
+                except Unsure as unsure:  # the jsonschema path words the refusal
+                    if self.bindings[tool].run_json is None:  # else it holds JSON texts: decoded below
+                        plain = unsure.arguments
+                except msgspec.DecodeError:
+                    pass  # the jsonschema path decides (and words the refusal) on the plain JSON
+        site_of = partial(self.site_of, scope)
+        result: bytes | None = None
+        if validated is not None:
+            try:
+                result = await self.runner(tool, validated, site_of, validated=validated)
+            except ItemNotAnObject:
+                pass  # nothing was stored: the plain path below words the refusal
+        if result is None:
+            if plain is None:
+                raw = params.arguments if typed is None else _decode_request(body).params.arguments
+                try:
+                    plain = _decode_any(raw)
+                except msgspec.DecodeError:
+                    return None
+            result = await self.plain(tool, plain, site_of)
         self.served += 1
         return response(request.id, result)
