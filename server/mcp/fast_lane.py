@@ -48,6 +48,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from logstore.core.errors import ItemNotAnObject
+from logstore.core.limits import MAX_BATCH_BYTES
 
 from ..transport.access_log import ToolCall
 from .app import ToolBinding, ToolRunner
@@ -62,6 +63,10 @@ _encode = msgspec.json.Encoder().encode
 _decode_any = msgspec.json.Decoder().decode
 
 A = TypeVar("A")
+# A body that could hold the largest valid batch sent compactly (MAX_BATCH_BYTES of items, their commas, the
+# envelope); past this only the generic decoding is tried (``FastLane._typed``): a longer valid request
+# (whitespace, escapes) is served that way too, a hostile one costs no more than it did.
+_TYPED_MAX_BYTES = MAX_BATCH_BYTES + 16 * 1024
 _MODERN = frozenset(v.encode("latin-1") for v in MODERN_PROTOCOL_VERSIONS)
 _JSON_ACCEPT = frozenset({"application/json", "application/*", "*/*"})
 
@@ -281,16 +286,19 @@ class FastLane:
         self.site_of, self.replay = site_of, replay
         self.served = 0  # requests the lane answered (the rest went to the SDK): for tests
         self.listing = ListingCache()
-        # A tool with a ``run_json`` (append_memory) gets its items as JSON text, decoded once, in the
-        # engine (``Backend.append_json``); an item that is not an object comes back as ItemNotAnObject and
-        # the call is served again the plain way (``_serve``).
-        self.decoders = {
+        # Two ways to decode a call (``_serve``). The typed pass: the whole body in one decoding with the
+        # struct of the tool the headers name, a ``run_json`` tool's items kept as JSON text for the engine
+        # (``Backend.append_json``). The generic path: the envelope, then the arguments as objects for
+        # the tool's plain ``run``, exactly as before the typed pass existed; it decides whatever the
+        # typed pass does not take.
+        self.decoders = {name: compile_arguments(b.tool.input_schema) for name, b in self.bindings.items()}
+        typed = {
             name: compile_arguments(b.tool.input_schema, raw_objects=b.run_json is not None)
             for name, b in self.bindings.items()
         }
         self.typed = {
-            name: msgspec.json.Decoder(Request[_TypedParams[compiled.struct]]).decode  # type: ignore[name-defined]
-            for name, compiled in self.decoders.items()
+            name: (msgspec.json.Decoder(Request[_TypedParams[compiled.struct]]).decode, compiled)  # type: ignore[name-defined]
+            for name, compiled in typed.items()
             if compiled is not None
         }
         lane_bindings = {
@@ -363,68 +371,67 @@ class FastLane:
 
     def _typed(self, tool: str, body: bytes) -> tuple[Request[Any], dict[str, Any]] | None:
         """The request and its validated arguments in one decoding, with the struct of the tool the headers
-        name; None if that does not take them (the generic path below decides, as if this did not exist)."""
-        typed, compiled = self.typed.get(tool), self.decoders.get(tool)
-        if typed is None or compiled is None:
+        name; None if that does not take them. A body past ``_TYPED_MAX_BYTES`` is not tried: the generic
+        path alone costs what it did for a hostile one (1.3M empty items: its array of Raw would be built
+        for nothing)."""
+        entry = self.typed.get(tool)
+        if entry is None or len(body) > _TYPED_MAX_BYTES:
             return None
+        decode, compiled = entry
         try:
-            request = typed(body)
+            request = decode(body)
             return request, compiled.finish(request.params.arguments)
         except (msgspec.DecodeError, Unsure):
             return None
 
     async def _serve(self, version: bytes, name: bytes, body: bytes, scope: Scope) -> bytes | None:
         """The whole JSON-RPC response, or None: hand the request to the SDK."""
-        header_tool = name.decode("latin-1")
+        header_tool, site_of = name.decode("latin-1"), partial(self.site_of, scope)
         typed = self._typed(header_tool, body)
-        request: Request[Any]
         if typed is not None:
             request, validated = typed
-        else:
-            validated = None
+            if not self._agrees(request, version, header_tool):
+                return None
             try:
-                request = _decode_request(body)
+                result = await self.runner(header_tool, validated, site_of, validated=validated)
+                self.served += 1
+                return response(request.id, result)
+            except ItemNotAnObject:
+                pass  # nothing was stored: the generic path words the refusal (jsonschema)
+        try:
+            request = _decode_request(body)
+        except msgspec.DecodeError:
+            return None
+        if not self._agrees(request, version, header_tool):
+            return None
+        tool, raw = header_tool, request.params.arguments
+        if memoryview(raw)[:1].tobytes() != b"{":  # an object (Raw is the value's exact text)
+            return None
+        checked: dict[str, Any] | None = None
+        plain: Any = None  # the arguments as plain JSON, for the jsonschema path
+        decoder = self.decoders[tool]
+        if decoder is not None:
+            try:
+                checked = decoder(raw)
+            except Unsure as unsure:  # the jsonschema path words the refusal
+                plain = unsure.arguments
+            except msgspec.DecodeError:
+                pass  # the jsonschema path decides (and words the refusal) on the plain JSON
+        if checked is None and plain is None:
+            try:
+                plain = _decode_any(raw)
             except msgspec.DecodeError:
                 return None
-        if request.method != "tools/call":
-            return None
-        params = request.params
-        tool = params.name
-        # The SDK compares the envelope's version and name with the headers (HEADER_MISMATCH): the lane
-        # takes only a request where they are equal (headers read as latin-1, as starlette does).
-        if (
-            params.meta.protocol_version != version.decode("latin-1")
-            or tool != header_tool
-            or tool not in self.bindings
-        ):
-            return None
-        plain: Any = None  # the arguments as plain JSON, for the jsonschema path
-        if typed is None:
-            if memoryview(params.arguments)[:1].tobytes() != b"{":  # an object (Raw is the exact text)
-                return None
-            decoder = self.decoders[tool]
-            if decoder is not None:
-                try:
-                    validated = decoder(params.arguments)
-                except Unsure as unsure:  # the jsonschema path words the refusal
-                    if self.bindings[tool].run_json is None:  # else it holds JSON texts: decoded below
-                        plain = unsure.arguments
-                except msgspec.DecodeError:
-                    pass  # the jsonschema path decides (and words the refusal) on the plain JSON
-        site_of = partial(self.site_of, scope)
-        result: bytes | None = None
-        if validated is not None:
-            try:
-                result = await self.runner(tool, validated, site_of, validated=validated)
-            except ItemNotAnObject:
-                pass  # nothing was stored: the plain path below words the refusal
-        if result is None:
-            if plain is None:
-                raw = params.arguments if typed is None else _decode_request(body).params.arguments
-                try:
-                    plain = _decode_any(raw)
-                except msgspec.DecodeError:
-                    return None
-            result = await self.plain(tool, plain, site_of)
+        result = await self.plain(tool, plain if checked is None else checked, site_of, validated=checked)
         self.served += 1
         return response(request.id, result)
+
+    def _agrees(self, request: Request[Any], version: bytes, tool: str) -> bool:
+        """The SDK compares the envelope's version and name with the headers (HEADER_MISMATCH): the lane
+        takes only a request where they are equal (headers read as latin-1, as starlette does)."""
+        return (
+            request.method == "tools/call"
+            and request.params.meta.protocol_version == version.decode("latin-1")
+            and request.params.name == tool
+            and tool in self.bindings
+        )
