@@ -19,16 +19,18 @@ Anything else (a batch, a notification, ``initialize``, an SSE-only ``Accept``, 
 ``_meta`` member, a body msgspec cannot read, such as ``1e400`` or a lone surrogate) goes to the SDK with
 its body replayed, and gets exactly the answer it gets without the lane.
 
-Arguments are decoded once into a struct compiled from the tool's input schema (``compile_arguments``).
-A struct that does not take them is not an answer: the arguments are then decoded as plain JSON (or, when
-only an array's length bound is broken, taken as decoded: ``Unsure``) and the call goes through the
-jsonschema validator like on the SDK path, so every refusal has the same error name and message
-(``tests/test_server_fast_lane.py`` holds the two paths to that). ``append_memory``'s items stay JSON text
-(``msgspec.Raw``) and are decoded once, in the engine (``Backend.append_json``, which stores what the SDK
-path stores); an item that is not an object there (``ItemNotAnObject``) sends the call the plain way above,
-and one msgspec cannot read to the SDK, as before. The call itself, the error mapping, metrics and access
-log are ``ToolRunner``'s, shared with the SDK path (one executor hop: ``server.mcp.threads``); the result is
-encoded once, in the worker thread, in the shape the SDK writes (``resultType``, the ``serverInfo`` stamp).
+Arguments are decoded once into a struct compiled from the tool's input schema (``compile_arguments``),
+first together with the envelope in one pass, with the struct of the tool ``Mcp-Name`` names
+(``_typed``), ``append_memory``'s items kept as JSON text (``msgspec.Raw``) and decoded once, in the engine
+(``Backend.append_json``, which stores what the SDK path stores). Whatever that pass does not take goes
+the generic way: the envelope, then the arguments as objects for the tool's plain call. A struct that does
+not take them is not an answer: the arguments are then decoded as plain JSON (or, when only an array's
+length bound is broken, taken as decoded: ``Unsure``) and the call goes through the jsonschema validator
+like on the SDK path, so every refusal has the same error name and message (``tests/test_server_fast_lane.py``
+holds the two paths to that); an item ``append_json`` finds is not an object (``ItemNotAnObject``) sends the
+call the generic way too. The call itself, the error mapping, metrics and access log are ``ToolRunner``'s,
+shared with the SDK path (one executor hop: ``server.mcp.threads``); the result is encoded once, in the
+worker thread, in the shape the SDK writes (``resultType``, the ``serverInfo`` stamp).
 
 ``tools/list`` (headers ``Mcp-Method: tools/list`` and no ``Mcp-Name``, a body of ``_meta`` only) is
 answered with the SDK's own answer, kept from the first one (``server.mcp.lane_listing``).
