@@ -15,14 +15,18 @@ import json
 import logging
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
 from starlette.testclient import TestClient
 
+from logstore import Store
 from logstore.core.factory import file_url, open_registry, open_store
 from logstore.core.limits import MAX_BATCH_ITEMS, MAX_INT_DIGITS, MAX_PAYLOAD_DEPTH
+from logstore.file import layout
 from logstore.file.credentials import CredentialsFile
+from logstore.file.log.frame import Frame, decode_frame
 from server.http_app import build_http_app
 from server.mcp.fast_lane import FastLane
 from server.transport.access_log import ACCESS_LOGGER
@@ -55,8 +59,8 @@ def _lane_of(app: Any) -> FastLane:
 class Pair:
     """The same requests to the app with the lane and the one without."""
 
-    def __init__(self, lane: TestClient, sdk: TestClient, lane_app: FastLane) -> None:
-        self.lane, self.sdk, self.lane_app = lane, sdk, lane_app
+    def __init__(self, lane: TestClient, sdk: TestClient, lane_app: FastLane, dirs: tuple[str, str]) -> None:
+        self.lane, self.sdk, self.lane_app, self.dirs = lane, sdk, lane_app, dirs
 
     def both(self, body: bytes, headers: dict[str, str]) -> tuple[Any, Any, bool]:
         """(lane app's answer, SDK app's answer, whether the lane served it); answers normalised."""
@@ -91,6 +95,12 @@ def _answer(response: Any) -> tuple[int, str | None, Any]:
 
 @pytest.fixture(scope="module")
 def pair() -> Iterator[Pair]:
+    with _pair() as made:
+        yield made
+
+
+@contextmanager
+def _pair() -> Iterator[Pair]:
     with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
         apps = []
         for d, lane in ((a, True), (b, False)):
@@ -102,7 +112,7 @@ def pair() -> Iterator[Pair]:
         before = _log_filters()
         try:
             with TestClient(apps[0], base_url=base) as lane, TestClient(apps[1], base_url=base) as sdk:
-                yield Pair(lane, sdk, _lane_of(apps[0]))
+                yield Pair(lane, sdk, _lane_of(apps[0]), (a, b))
         finally:
             _drop_log_filters_since(before)
 
@@ -205,6 +215,12 @@ ARGUMENT_CASES: list[tuple[str, str, str, bool]] = [
     ("unicode text", *_append('[{"t":"caf\u00e9 \u2603 \U0001f600"}]'), True),
     ("item too large", *_append('[{"t":"' + "x" * (256 * 1024 + 1) + '"}]'), True),
     ("floats", *_append('[{"f":[0.1,-0.0,1e-300,1.7976931348623157e308,5e-324]}]'), True),
+    ("item with whitespace and escapes", *_append('[ { "t" : "caf\\u00e9 \\/ \\n" , "f" : 1.50 } ]'), True),
+    ("not an object, and a bad id", *_append('[{"a":1},5]', cid="bad id!"), True),
+    ("too deep, and a bad id", *_append(f"[{nested(MAX_PAYLOAD_DEPTH + 1)}]", cid="short"), True),
+    ("non-finite, and a bad id", *_append('[{"a":1e400}]', cid="short"), False),
+    ("non-finite after a non-object", *_append('[5,{"a":1e400}]'), False),
+    ("251 items, one not an object", *_append("[" + ",".join(["{}"] * MAX_BATCH_ITEMS + ["5"]) + "]"), True),
     ("recall default", "recall_memory", f'{{"conversation_id":"{CID}"}}', True),
     ("recall count 0", "recall_memory", f'{{"conversation_id":"{CID}","count":0}}', True),
     ("recall count 1000", "recall_memory", f'{{"conversation_id":"{CID}","count":1000}}', True),
@@ -367,7 +383,15 @@ ENVELOPE_CASES: list[tuple[str, bytes, Any, bool]] = [
         False,
     ),
     (
-        "tools/list",
+        "tools/list with a cursor",
+        json.dumps(
+            {"jsonrpc": "2.0", "id": 3, "method": "tools/list", "params": {"_meta": META, "cursor": "x"}}
+        ).encode(),
+        {k: v for k, v in headers(mcp_method="tools/list").items() if k != "mcp-name"},
+        False,
+    ),
+    (
+        "tools/list with a name header",
         json.dumps({"jsonrpc": "2.0", "id": 3, "method": "tools/list", "params": {"_meta": META}}).encode(),
         headers(mcp_method="tools/list"),
         False,
@@ -425,6 +449,18 @@ ENVELOPE_CASES: list[tuple[str, bytes, Any, bool]] = [
     ),
     ("jsonrpc 1.0", _RECALL.replace(b'"2.0"', b'"1.0"'), headers("recall_memory"), False),
     ("not JSON", b'{"jsonrpc":', headers("recall_memory"), False),
+    (
+        "invalid UTF-8 in an item",
+        call_body(*_append('[{"t":"\u00ff"}]')).replace("\u00ff".encode(), b"\xff"),
+        headers(),
+        False,
+    ),
+    (
+        "invalid UTF-8 in the id",
+        call_body(*_append(f"[{ITEM}]", cid="conv-\u00ff-12345")).replace("\u00ff".encode(), b"\xff"),
+        headers(),
+        False,
+    ),
     ("empty body", b"", headers("recall_memory"), False),
     (
         "no credentials",
@@ -513,3 +549,88 @@ def test_one_access_log_line_per_call_alike_on_both_paths(pair):
         seen.append(calls.records)
     assert len(seen[0]) == 4 and seen[0] == seen[1]
     assert [r["code"] for r in seen[0]] == ["ok", "EmptyBatch", "ok", "InvalidConversationId"]
+
+
+def _stored_items(data_dir: str, cid: str) -> list[bytes]:
+    """Every item's stored bytes, frame by frame, from the conversation's log."""
+    with open(layout.conversation_paths(data_dir, SITE, cid).log, "rb") as f:
+        buf = f.read()
+    items, pos = [], 0
+    while isinstance(frame := decode_frame(buf, pos), Frame):
+        items.extend(frame.items)
+        pos += frame.size
+    return items
+
+
+# Item texts as clients write them: the lane passes each text to the engine (``append_json``), which stores
+# what the SDK path stores for the item the SDK decoded (tests/contract/test_json_items.py: every backend).
+RAW_ITEMS = [
+    ITEM,
+    '{ "t" : "caf\\u00e9 \\/ \\n \\u0001" ,\n "k\\u00e9y" : [ 1 , 2 ] }',
+    '{"f":[0.1,1.50,1E5,100.0,1e21,-0.0,5e-324],"i":[-0,18446744073709551616]}',
+    '{"a":1,"a":{"b":1,"b":2}}',
+    '{"e":"\\ud83d\\ude00","t":"caf\u00e9 \u2603"}',
+    nested(MAX_PAYLOAD_DEPTH),
+    '{"n":' + "9" * MAX_INT_DIGITS + ',"s":"' + "[" * 200 + '"}',
+]
+
+
+def test_the_lane_stores_exactly_what_the_sdk_path_stores(pair, monkeypatch):
+    calls = {"append": 0, "append_json": 0}
+    for name in calls:
+        original = getattr(Store, name)
+
+        def spy(self: Store, *args: Any, _name: str = name, _original: Any = original) -> Any:
+            calls[_name] += 1
+            return _original(self, *args)
+
+        monkeypatch.setattr(Store, name, spy)
+    for n, text in enumerate(RAW_ITEMS):
+        cid = f"conv-raw-bytes-{n:03d}"
+        got, expected, served = pair.both(call_body(*_append(f"[{text},{text}]", cid=cid)), headers())
+        assert got == expected and served
+        assert got[2]["result"]["isError"] is False
+        lane_items, sdk_items = (_stored_items(d, cid) for d in pair.dirs)
+        assert len(lane_items) == 2 and lane_items == sdk_items
+    assert calls == {"append": len(RAW_ITEMS), "append_json": len(RAW_ITEMS)}  # one each: lane, SDK path
+
+
+def _list_body(rid: str, meta: str = META_TEXT) -> bytes:
+    return f'{{"jsonrpc":"2.0","id":{rid},"method":"tools/list","params":{{"_meta":{meta}}}}}'.encode()
+
+
+def test_tools_list_is_the_sdks_answer_byte_for_byte():
+    """The first plain tools/list goes to the SDK (its answer is kept: server.mcp.lane_listing), every later
+    one is the lane's, and each answer is the SDK app's byte for byte, whatever the id."""
+    hdrs = {k: v for k, v in headers(mcp_method="tools/list").items() if k != "mcp-name"}
+    ids = ["1", "2", "0", "-7", str(2**70), '"abc"', '"a\\"b/\\u0001"', '""', '"\\u00e9"', "1.5", "null"]
+    served_by_lane = ["2", "0", "-7", str(2**70), '"abc"', '"a\\"b/\\u0001"', '""']
+    with _pair() as made:
+        for rid in ids:
+            before = made.lane_app.served
+            a = made.lane.post("/mcp", content=_list_body(rid), headers=hdrs)
+            b = made.sdk.post("/mcp", content=_list_body(rid), headers=hdrs)
+            assert (made.lane_app.served > before) is (rid in served_by_lane), rid
+            assert (a.status_code, a.headers.get("content-type"), a.content) == (
+                b.status_code,
+                b.headers.get("content-type"),
+                b.content,
+            ), rid
+            if rid in served_by_lane:
+                listing = a
+        assert listing.status_code == 200 and [
+            t["name"] for t in json.loads(listing.content)["result"]["tools"]
+        ] == [
+            "append_memory",
+            "recall_memory",
+            "replay_memory",
+            "list_conversations",
+        ]
+        # A request the lane does not take is still the SDK's after the answer is kept.
+        before = made.lane_app.served
+        odd = made.lane.post("/mcp", content=_list_body("5", meta=_meta(x=1)), headers=hdrs)
+        assert made.lane_app.served == before
+        assert (
+            odd.content
+            == made.sdk.post("/mcp", content=_list_body("5", meta=_meta(x=1)), headers=hdrs).content
+        )

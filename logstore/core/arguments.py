@@ -11,9 +11,18 @@ from .batch import PreparedBatch, prepare_batch
 from .errors import InvalidArgument
 from .ids import validate_conversation_id, validate_site
 from .imported import ImportedBatch, check_imported
+from .json_batch import JsonText, decode_json_items, prepare_decoded
 from .limits import MAX_READ_COUNT
 
-__all__ = ["append_args", "import_args", "check_count", "recall_args", "replay_args", "list_args"]
+__all__ = [
+    "append_args",
+    "append_json_args",
+    "import_args",
+    "check_count",
+    "recall_args",
+    "replay_args",
+    "list_args",
+]
 
 
 def append_args(
@@ -21,6 +30,17 @@ def append_args(
 ) -> tuple[str, str, PreparedBatch]:
     """The site, the id, then the batch (validated and encoded: ``prepare_batch``), in that order."""
     return validate_site(site), validate_conversation_id(conversation_id), prepare_batch(items)
+
+
+def append_json_args(
+    site: object, conversation_id: object, texts: Sequence[JsonText]
+) -> tuple[str, str, PreparedBatch]:
+    """``append_args`` for items given as JSON text (``json_batch``): the count and each item being an
+    object come first (on the server, the input schema's rules, which precede the engine's), then the
+    site, the id and the payload rules."""
+    decoded = decode_json_items(texts)
+    site, conversation_id = validate_site(site), validate_conversation_id(conversation_id)
+    return site, conversation_id, prepare_decoded(decoded)
 
 
 def import_args(

@@ -6,7 +6,9 @@ tool errors by ``.code`` in one place. ``.retryable`` is True only for Unavailab
     LogstoreError                      (base; never raised itself)
     ├── InvalidArgument                permanent: count > 1000, non-object item, bad offset, bad site...;
     │                                  a payload rule (depth, non-finite number...): .index, .path
-    │   └── InvalidCursor              permanent: malformed or tampered list cursor
+    │   ├── InvalidCursor              permanent: malformed or tampered list cursor
+    │   └── ItemNotAnObject            (still InvalidArgument) an item given as JSON text that is not an
+    │                                  object, or not JSON this store reads (``append_json``)
     ├── InvalidConversationId          permanent; .reason: TooShort | TooLong | InvalidCharacters
     ├── EmptyBatch                     permanent
     ├── PayloadTooLarge                permanent; .index, .size
@@ -26,6 +28,7 @@ __all__ = [
     "LogstoreError",
     "InvalidArgument",
     "InvalidCursor",
+    "ItemNotAnObject",
     "InvalidConversationId",
     "EmptyBatch",
     "PayloadTooLarge",
@@ -71,6 +74,16 @@ class InvalidArgument(LogstoreError):
         if self.path is not None:
             out["path"] = self.path
         return out
+
+
+class ItemNotAnObject(InvalidArgument):
+    """``append_json``: an item's JSON text is not an object, or not JSON msgspec reads (invalid UTF-8, a
+    number out of its range such as ``1e400``). The code stays ``InvalidArgument``; the class lets the
+    server's fast lane tell this schema-level refusal from the payload rules (it words it as the SDK path
+    does: ``server.mcp.fast_lane``)."""
+
+    def __init__(self, message: str, *, index: int) -> None:
+        super().__init__(message, field="items", index=index)
 
 
 class InvalidCursor(InvalidArgument):

@@ -16,9 +16,11 @@ from contextlib import contextmanager
 from typing import Any
 
 from ..core import observe
-from ..core.arguments import append_args, import_args, list_args, recall_args, replay_args
+from ..core.arguments import append_args, append_json_args, import_args, list_args, recall_args, replay_args
+from ..core.batch import PreparedBatch
 from ..core.errors import Io, Unavailable
 from ..core.imported import ImportedBatch
+from ..core.json_batch import JsonText
 from ..core.limits import DEFAULT_LIST_LIMIT, DEFAULT_RECALL_COUNT, MAX_READ_COUNT
 from ..core.models import ConversationListing, MemoryItem, SeqRange
 from . import layout
@@ -78,7 +80,13 @@ class Store:
     # ------------------------------------------------------------------ public API
     def append(self, site: str, conversation_id: str, items: Sequence[dict[str, Any]]) -> SeqRange:
         """Append one batch atomically; returns its seq range once it is durable (fdatasynced)."""
-        site, conversation_id, batch = append_args(site, conversation_id, items)
+        return self._append(*append_args(site, conversation_id, items))
+
+    def append_json(self, site: str, conversation_id: str, items: Sequence[JsonText]) -> SeqRange:
+        """``append`` of items given as JSON text each (``core.json_batch``): same rules, same bytes."""
+        return self._append(*append_json_args(site, conversation_id, items))
+
+    def _append(self, site: str, conversation_id: str, batch: PreparedBatch) -> SeqRange:
         request = AppendRequest(encode_items(batch.items), batch.count)
         # try/finally, not ``_conversation``: a @contextmanager costs more than this (PERFORMANCE.md)
         key, conv = self._checkout(site, conversation_id, writing=True)

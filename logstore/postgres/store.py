@@ -28,11 +28,12 @@ import msgspec
 import psycopg
 import psycopg_pool
 
-from ..core.arguments import append_args, import_args, list_args, recall_args, replay_args
-from ..core.batch import conversation_full, decode_item, stored_not_json
+from ..core.arguments import append_args, append_json_args, import_args, list_args, recall_args, replay_args
+from ..core.batch import PreparedBatch, conversation_full, decode_item, stored_not_json
 from ..core.cursor import BEFORE_ALL, CursorCodec, CursorKey
 from ..core.errors import Unavailable
 from ..core.imported import ImportedBatch, import_refusal
+from ..core.json_batch import JsonText
 from ..core.limits import DEFAULT_LIST_LIMIT, DEFAULT_RECALL_COUNT, MAX_CONVERSATION_ITEMS, MAX_READ_COUNT
 from ..core.models import (
     ConversationListing,
@@ -209,7 +210,13 @@ class PostgresStore:
     # ------------------------------------------------------------------ public API
     def append(self, site: str, conversation_id: str, items: Sequence[dict[str, Any]]) -> SeqRange:
         """Append one batch atomically; returns its seq range once PostgreSQL has committed it."""
-        site, conversation_id, batch = append_args(site, conversation_id, items)
+        return self._append(*append_args(site, conversation_id, items))
+
+    def append_json(self, site: str, conversation_id: str, items: Sequence[JsonText]) -> SeqRange:
+        """``append`` of items given as JSON text each (``core.json_batch``): same rules, same bytes."""
+        return self._append(*append_json_args(site, conversation_id, items))
+
+    def _append(self, site: str, conversation_id: str, batch: PreparedBatch) -> SeqRange:
         payloads = list(batch.items)
         n = len(payloads)
 

@@ -25,7 +25,7 @@ from mcp.server.context import ServerRequestContext
 from logstore.core.distribution import version
 
 from ..transport.access_log import UNKNOWN_TOOL, ToolCall
-from .handlers import SPEC_HANDLERS, Handler, StoreLike
+from .handlers import SPEC_HANDLERS, Handler, StoreLike, append_memory_json
 from .spec_tools import ToolDef, load_tools
 from .threads import ToolThreads
 from .tool_errors import UnknownTool, body_result, error_body
@@ -53,6 +53,9 @@ class ToolBinding:
     run: Callable[[str, dict[str, Any]], dict[str, Any]]  # (site, validated args) -> output-schema JSON
     validate: ArgumentValidator
     blocking: bool = True  # run in a worker thread (anything that may touch the disk)
+    # ``run`` with every array-of-objects argument as a list of each element's JSON text (msgspec.Raw), or
+    # None: the fast lane then decodes them (``server.mcp.fast_lane``).
+    run_json: Callable[[str, dict[str, Any]], dict[str, Any]] | None = None
 
 
 def server_version() -> str:
@@ -64,7 +67,10 @@ def spec_bindings(store: StoreLike) -> dict[str, ToolBinding]:
     bindings = {}
     for tool in load_tools():
         handler: Handler = SPEC_HANDLERS[tool.name]
-        bindings[tool.name] = ToolBinding(tool, partial(handler, store), ArgumentValidator(tool))
+        run_json = partial(append_memory_json, store) if tool.name == "append_memory" else None
+        bindings[tool.name] = ToolBinding(
+            tool, partial(handler, store), ArgumentValidator(tool), run_json=run_json
+        )
     return bindings
 
 
@@ -103,7 +109,8 @@ class ToolRunner(Generic[R]):
     tool, site, argument validation (unless the caller validated with the same rules:
     ``server.mcp.fast_lane``), the engine call in a worker thread behind ``limiter``, the error mapping
     (``tool_errors``) and ``on_call``. ``render`` turns an output into the caller's result (in the worker
-    thread), ``render_error`` an error body."""
+    thread), ``render_error`` an error body. An exception of a ``hand_back`` type is raised to the caller
+    as it is, with nothing recorded (the fast lane then serves the call another way)."""
 
     def __init__(
         self,
@@ -114,9 +121,10 @@ class ToolRunner(Generic[R]):
         render: Callable[[dict[str, Any]], R],
         render_error: Callable[[dict[str, Any]], R],
         threads: ToolThreads | None = None,
+        hand_back: tuple[type[Exception], ...] = (),
     ) -> None:
         self.bindings, self.limiter, self.on_call, self.threads = bindings, limiter, on_call, threads
-        self.render, self.render_error = render, render_error
+        self.render, self.render_error, self.hand_back = render, render_error, hand_back
 
     async def __call__(
         self,
@@ -145,6 +153,8 @@ class ToolRunner(Generic[R]):
             else:
                 output, result = _run(binding, site, args, self.render)
             code = "ok"
+        except self.hand_back:
+            raise
         except Exception as exc:  # the one funnel: every failure becomes a structured tool error
             body = error_body(exc, tool=name if binding is not None else None)
             code = body["error"]["code"]

@@ -1,4 +1,5 @@
-"""The fast lane: ``tools/call`` of a served tool, 2026-07-28 era, answered as JSON, without the SDK.
+"""The fast lane: ``tools/call`` of a served tool (and a plain ``tools/list``), 2026-07-28 era, answered as
+JSON, without the SDK.
 
 Issue 34: through the SDK an append call cost ~1 ms of CPU, under a fifth of it the engine's; JSON Schema
 validation, pydantic re-validation of request and result, the dispatch machinery and stdlib JSON were the
@@ -18,42 +19,56 @@ Anything else (a batch, a notification, ``initialize``, an SSE-only ``Accept``, 
 ``_meta`` member, a body msgspec cannot read, such as ``1e400`` or a lone surrogate) goes to the SDK with
 its body replayed, and gets exactly the answer it gets without the lane.
 
-Arguments are decoded once into a struct compiled from the tool's input schema (``compile_arguments``).
-A struct that does not take them is not an answer: the arguments are then decoded as plain JSON (or, when
-only an array's length bound is broken, taken as decoded: ``Unsure``) and the call goes through the
-jsonschema validator like on the SDK path, so every refusal has the same error name and message
-(``tests/test_server_fast_lane.py`` holds the two paths to that). The call itself, the error mapping,
-metrics and access log are ``ToolRunner``'s, shared with the SDK path; the result is encoded once, in the
+Arguments are decoded once into a struct compiled from the tool's input schema (``compile_arguments``),
+first together with the envelope in one pass, with the struct of the tool ``Mcp-Name`` names
+(``_typed``), ``append_memory``'s items kept as JSON text (``msgspec.Raw``) and decoded once, in the engine
+(``Backend.append_json``, which stores what the SDK path stores). Whatever that pass does not take goes
+the generic way: the envelope, then the arguments as objects for the tool's plain call. A struct that does
+not take them is not an answer: the arguments are then decoded as plain JSON (or, when only an array's
+length bound is broken, taken as decoded: ``Unsure``) and the call goes through the jsonschema validator
+like on the SDK path, so every refusal has the same error name and message (``tests/test_server_fast_lane.py``
+holds the two paths to that); an item ``append_json`` finds is not an object (``ItemNotAnObject``) sends the
+call the generic way too. The call itself, the error mapping, metrics and access log are ``ToolRunner``'s,
+shared with the SDK path (one executor hop: ``server.mcp.threads``); the result is encoded once, in the
 worker thread, in the shape the SDK writes (``resultType``, the ``serverInfo`` stamp).
+
+``tools/list`` (headers ``Mcp-Method: tools/list`` and no ``Mcp-Name``, a body of ``_meta`` only) is
+answered with the SDK's own answer, kept from the first one (``server.mcp.lane_listing``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from functools import partial
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Generic, TypeVar
 
 import anyio
 import msgspec
-from mcp_types import (
-    CLIENT_CAPABILITIES_META_KEY,
-    CLIENT_INFO_META_KEY,
-    PROTOCOL_VERSION_META_KEY,
-    SERVER_INFO_META_KEY,
-)
+from mcp_types import SERVER_INFO_META_KEY
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from logstore.core.errors import ItemNotAnObject
+from logstore.core.limits import MAX_BATCH_BYTES
+
 from ..transport.access_log import ToolCall
 from .app import ToolBinding, ToolRunner
+from .lane_envelope import Meta, Request, response
+from .lane_listing import ListingCache
 from .threads import ToolThreads
 from .tool_errors import body_text
 
-__all__ = ["FastLane", "compile_arguments", "HostRule", "Unsure"]
+__all__ = ["FastLane", "CompiledArguments", "compile_arguments", "HostRule", "Unsure"]
 
 _encode = msgspec.json.Encoder().encode
 _decode_any = msgspec.json.Decoder().decode
 
+A = TypeVar("A")
+# A body that could hold the largest valid batch sent compactly (MAX_BATCH_BYTES of items, their commas, the
+# envelope); past this only the generic decoding is tried (``FastLane._typed``): a longer valid request
+# (whitespace, escapes) is served that way too, a hostile one costs no more than it did.
+_TYPED_MAX_BYTES = MAX_BATCH_BYTES + 16 * 1024
 _MODERN = frozenset(v.encode("latin-1") for v in MODERN_PROTOCOL_VERSIONS)
 _JSON_ACCEPT = frozenset({"application/json", "application/*", "*/*"})
 
@@ -61,37 +76,13 @@ _JSON_ACCEPT = frozenset({"application/json", "application/*", "*/*"})
 # --- the envelope: strict, so that anything unusual is the SDK's ------------------------------------------
 
 
-class _ClientInfo(msgspec.Struct, forbid_unknown_fields=True):
-    name: str
-    version: str
-
-
-class _Capabilities(msgspec.Struct, forbid_unknown_fields=True):
-    pass
-
-
-class _Meta(msgspec.Struct, forbid_unknown_fields=True):
-    protocol_version: str = msgspec.field(name=PROTOCOL_VERSION_META_KEY)
-    client_capabilities: _Capabilities = msgspec.field(name=CLIENT_CAPABILITIES_META_KEY)
-    client_info: _ClientInfo | msgspec.UnsetType = msgspec.field(
-        default=msgspec.UNSET, name=CLIENT_INFO_META_KEY
-    )
-
-
 class _Params(msgspec.Struct, forbid_unknown_fields=True):
     name: str
     arguments: msgspec.Raw
-    meta: _Meta = msgspec.field(name="_meta")
+    meta: Meta = msgspec.field(name="_meta")
 
 
-class _Request(msgspec.Struct, forbid_unknown_fields=True):
-    jsonrpc: Literal["2.0"]
-    id: int | str
-    method: Literal["tools/call"]
-    params: _Params
-
-
-_decode_request = msgspec.json.Decoder(_Request).decode
+_decode_request = msgspec.json.Decoder(Request[_Params]).decode
 
 
 # --- arguments: a struct per tool, from its input schema ---------------------------------------------------
@@ -99,10 +90,12 @@ _decode_request = msgspec.json.Decoder(_Request).decode
 _ANNOTATIONS = {"description", "title", "format"}  # format is an annotation in Draft 2020-12 (not asserted)
 
 
-def _field_type(spec: Mapping[str, Any]) -> Any:
+def _field_type(spec: Mapping[str, Any], raw_objects: bool) -> Any:
     """The msgspec type accepting exactly what the property schema ``spec`` accepts, minus what the
     jsonschema path also accepts but then handles (an integral float for an integer), or None if the
-    schema uses anything this does not model."""
+    schema uses anything this does not model. With ``raw_objects``, an array of objects is a list of each
+    element's JSON text, unchecked: the engine decodes it (``Backend.append_json``) and refuses what is not
+    an object (``ItemNotAnObject``), which the lane then hands to the jsonschema path."""
     kind = spec.get("type")
     rest = set(spec) - _ANNOTATIONS - {"type", "default"}
     if kind == "string" and not rest:
@@ -122,7 +115,7 @@ def _field_type(spec: Mapping[str, Any]) -> Any:
             return None
         # The length bounds are checked after decoding (``compile_arguments``), not by msgspec: a struct
         # refusing 1.3M entries costs 0.15 s on the event loop, then a second decode for jsonschema.
-        return list[dict[str, Any]]
+        return list[msgspec.Raw] if raw_objects else list[dict[str, Any]]
     return None
 
 
@@ -136,17 +129,42 @@ class Unsure(Exception):
         self.arguments = arguments
 
 
-def compile_arguments(schema: Mapping[str, Any]) -> Callable[[msgspec.Raw | bytes], dict[str, Any]] | None:
+class CompiledArguments:
+    """A tool's arguments struct (``struct``), and what turns a decoded one into the validated dict
+    (defaults applied) the jsonschema path would give (``finish``); calling it decodes JSON text too."""
+
+    def __init__(self, struct: type[msgspec.Struct], lengths: list[tuple[str, int, int | None]]) -> None:
+        self.struct, self.lengths = struct, lengths
+        self.names = struct.__struct_fields__
+        self._decode = msgspec.json.Decoder(struct).decode
+
+    def __call__(self, raw: msgspec.Raw | bytes) -> dict[str, Any]:
+        return self.finish(self._decode(raw))
+
+    def finish(self, decoded: Any) -> dict[str, Any]:
+        out = {}
+        for name in self.names:
+            value = getattr(decoded, name)
+            if value is not msgspec.UNSET:
+                out[name] = value
+        for name, low, high in self.lengths:
+            value = out.get(name)
+            if value is not None and (len(value) < low or (high is not None and len(value) > high)):
+                raise Unsure(out)
+        return out
+
+
+def compile_arguments(schema: Mapping[str, Any], *, raw_objects: bool = False) -> CompiledArguments | None:
     """A decoder of a tool's arguments (JSON text) into the validated dict (defaults applied) the
-    jsonschema path would give, raising ``msgspec.ValidationError`` for anything that path might refuse
+    jsonschema path would give, raising ``msgspec.DecodeError`` for anything that path might refuse
     or change, or ``Unsure`` (an array's length); None if the schema uses a keyword this does not model
-    (that tool's calls then validate with jsonschema)."""
+    (that tool's calls then validate with jsonschema). ``raw_objects``: see ``_field_type``."""
     if schema.get("type") != "object" or set(schema) - _ANNOTATIONS - {"type", "properties", "required"}:
         return None
     required = set(schema.get("required", ()))
     fields: list[tuple[Any, ...]] = []
     for name, spec in schema.get("properties", {}).items():
-        kind = _field_type(spec) if name.isidentifier() and not name.startswith("_") else None
+        kind = _field_type(spec, raw_objects) if name.isidentifier() and not name.startswith("_") else None
         if kind is None:
             return None
         if name in required:
@@ -159,29 +177,21 @@ def compile_arguments(schema: Mapping[str, Any]) -> Callable[[msgspec.Raw | byte
         return None
     # Unknown members are ignored, as the schema allows them (no additionalProperties: false).
     struct = msgspec.defstruct(str(schema.get("title", "Arguments")), fields, kw_only=True)
-    decode = msgspec.json.Decoder(struct).decode
-    names = struct.__struct_fields__
-    props = schema.get("properties", {})
     lengths = [
         (name, spec.get("minItems", 0), spec.get("maxItems"))
-        for name, spec in props.items()
+        for name, spec in schema.get("properties", {}).items()
         if "minItems" in spec or "maxItems" in spec
     ]
+    return CompiledArguments(struct, lengths)
 
-    def arguments(raw: msgspec.Raw | bytes) -> dict[str, Any]:
-        decoded = decode(raw)
-        out = {}
-        for name in names:
-            value = getattr(decoded, name)
-            if value is not msgspec.UNSET:
-                out[name] = value
-        for name, low, high in lengths:
-            value = out.get(name)
-            if value is not None and (len(value) < low or (high is not None and len(value) > high)):
-                raise Unsure(out)
-        return out
 
-    return arguments
+class _TypedParams(msgspec.Struct, Generic[A], forbid_unknown_fields=True):
+    """``_Params`` with the arguments decoded by the struct of the tool the headers name: one decoding of
+    the whole body instead of the envelope, then the arguments again (``FastLane._typed``)."""
+
+    name: str
+    arguments: A
+    meta: Meta = msgspec.field(name="_meta")
 
 
 # --- the HTTP side --------------------------------------------------------------------------------------
@@ -212,9 +222,9 @@ def _accepts_json(accept: bytes) -> bool:
     )
 
 
-def _route(headers: list[tuple[bytes, bytes]], hosts: HostRule | None) -> tuple[bytes, bytes] | None:
+def _route(headers: list[tuple[bytes, bytes]], hosts: HostRule | None) -> tuple[bytes, bytes | None] | None:
     """(``MCP-Protocol-Version``, ``Mcp-Name``) of a request the lane may take (by its headers), or None:
-    the SDK's."""
+    the SDK's. The name is None for a ``tools/list`` (which has none)."""
     version = method = name = ctype = accept = host = origin = None
     for key, value in headers:
         if key == b"mcp-protocol-version":
@@ -239,11 +249,13 @@ def _route(headers: list[tuple[bytes, bytes]], hosts: HostRule | None) -> tuple[
             origin = value if origin is None else origin
         elif key == b"mcp-session-id" or key.startswith(b"mcp-param-"):
             return None
+    if method == b"tools/list":
+        if name is not None:
+            return None
+    elif method != b"tools/call" or not name or name.startswith(b"=?"):  # =?: base64 (mcp.shared.inbound)
+        return None
     if (
         version not in _MODERN
-        or method != b"tools/call"
-        or not name
-        or name.startswith(b"=?")  # a base64 sentinel (mcp.shared.inbound.decode_header_value)
         or ctype is None
         or not ctype.lower().startswith(b"application/json")
         or accept is None
@@ -275,17 +287,40 @@ class FastLane:
         self.sdk, self.bindings, self.hosts = sdk, dict(bindings), hosts
         self.site_of, self.replay = site_of, replay
         self.served = 0  # requests the lane answered (the rest went to the SDK): for tests
+        self.listing = ListingCache()
+        # Two ways to decode a call (``_serve``). The typed pass: the whole body in one decoding with the
+        # struct of the tool the headers name, a ``run_json`` tool's items kept as JSON text for the engine
+        # (``Backend.append_json``). The generic path: the envelope, then the arguments as objects for
+        # the tool's plain ``run``, exactly as before the typed pass existed; it decides whatever the
+        # typed pass does not take.
         self.decoders = {name: compile_arguments(b.tool.input_schema) for name, b in self.bindings.items()}
+        typed = {
+            name: compile_arguments(b.tool.input_schema, raw_objects=b.run_json is not None)
+            for name, b in self.bindings.items()
+        }
+        self.typed = {
+            name: (msgspec.json.Decoder(Request[_TypedParams[compiled.struct]]).decode, compiled)  # type: ignore[name-defined]
+            for name, compiled in typed.items()
+            if compiled is not None
+        }
+        lane_bindings = {
+            name: b if b.run_json is None else replace(b, run=b.run_json) for name, b in self.bindings.items()
+        }
         meta = _encode({SERVER_INFO_META_KEY: server_info})
         self._ok_tail = b',"isError":false,"resultType":"complete","structuredContent":'
         self._end = b',"_meta":' + meta + b"}"
         self._error_tail = b'}],"isError":true,"resultType":"complete","_meta":' + meta + b"}"
-        self.runner = ToolRunner(
-            self.bindings,
-            limiter=limiter,
-            on_call=on_call,
-            render=self._render,
-            render_error=self._render_error,
+        self.runner, self.plain = (
+            ToolRunner(
+                chosen,
+                limiter=limiter,
+                on_call=on_call,
+                render=self._render,
+                render_error=self._render_error,
+                threads=threads,
+                hand_back=hand_back,
+            )
+            for chosen, hand_back in ((lane_bindings, (ItemNotAnObject,)), (self.bindings, ()))
         )
 
     def _render(self, output: dict[str, Any]) -> bytes:
@@ -308,8 +343,19 @@ class FastLane:
         message = await receive()
         body = message.get("body", b"") if message["type"] == "http.request" else b""
         result = None
-        if not message.get("more_body", False):  # BodyGuard hands the whole body in one message
-            result = await self._serve(route, body, scope)
+        if message.get("more_body", False):  # BodyGuard hands the whole body in one message
+            pass
+        elif route[1] is None:  # tools/list: the SDK's kept answer (lane_listing)
+            version = route[0].decode("latin-1")
+            rid = self.listing.request_id(body, version)
+            if rid is not None:
+                result = self.listing.answer(version, rid)
+                if result is None:
+                    send = self.listing.keeping(version, rid, send)
+                else:
+                    self.served += 1
+        else:
+            result = await self._serve(route[0], route[1], body, scope)
         if result is None:
             await self.sdk(scope, self.replay(message, receive), send)
             return
@@ -325,41 +371,69 @@ class FastLane:
         )
         await send({"type": "http.response.body", "body": result})
 
-    async def _serve(self, route: tuple[bytes, bytes], body: bytes, scope: Scope) -> bytes | None:
+    def _typed(self, tool: str, body: bytes) -> tuple[Request[Any], dict[str, Any]] | None:
+        """The request and its validated arguments in one decoding, with the struct of the tool the headers
+        name; None if that does not take them. A body past ``_TYPED_MAX_BYTES`` is not tried: the generic
+        path alone costs what it did for a hostile one (1.3M empty items: its array of Raw would be built
+        for nothing)."""
+        entry = self.typed.get(tool)
+        if entry is None or len(body) > _TYPED_MAX_BYTES:
+            return None
+        decode, compiled = entry
+        try:
+            request = decode(body)
+            return request, compiled.finish(request.params.arguments)
+        except (msgspec.DecodeError, Unsure):
+            return None
+
+    async def _serve(self, version: bytes, name: bytes, body: bytes, scope: Scope) -> bytes | None:
         """The whole JSON-RPC response, or None: hand the request to the SDK."""
+        header_tool, site_of = name.decode("latin-1"), partial(self.site_of, scope)
+        typed = self._typed(header_tool, body)
+        if typed is not None:
+            request, validated = typed
+            if not self._agrees(request, version, header_tool):
+                return None
+            try:
+                result = await self.runner(header_tool, validated, site_of, validated=validated)
+                self.served += 1
+                return response(request.id, result)
+            except ItemNotAnObject:
+                pass  # nothing was stored: the generic path words the refusal (jsonschema)
         try:
             request = _decode_request(body)
         except msgspec.DecodeError:
             return None
-        params = request.params
-        tool = params.name
-        # The SDK compares the envelope's version and name with the headers (HEADER_MISMATCH): the lane
-        # takes only a request where they are equal (headers read as latin-1, as starlette does).
-        version, name = route
-        if (
-            params.meta.protocol_version != version.decode("latin-1")
-            or tool != name.decode("latin-1")
-            or tool not in self.bindings
-        ):
+        if not self._agrees(request, version, header_tool):
             return None
-        raw = params.arguments
+        tool, raw = header_tool, request.params.arguments
         if memoryview(raw)[:1].tobytes() != b"{":  # an object (Raw is the value's exact text)
             return None
-        validated: dict[str, Any] | None = None
-        arguments: Any = None
+        checked: dict[str, Any] | None = None
+        plain: Any = None  # the arguments as plain JSON, for the jsonschema path
         decoder = self.decoders[tool]
         if decoder is not None:
             try:
-                validated = arguments = decoder(raw)
+                checked = decoder(raw)
             except Unsure as unsure:  # the jsonschema path words the refusal
-                arguments = unsure.arguments
-            except msgspec.ValidationError:
+                plain = unsure.arguments
+            except msgspec.DecodeError:
                 pass  # the jsonschema path decides (and words the refusal) on the plain JSON
-        if arguments is None:
+        if checked is None and plain is None:
             try:
-                arguments = _decode_any(raw)
+                plain = _decode_any(raw)
             except msgspec.DecodeError:
                 return None
+        result = await self.plain(tool, plain if checked is None else checked, site_of, validated=checked)
         self.served += 1
-        result = await self.runner(tool, arguments, partial(self.site_of, scope), validated=validated)
-        return b'{"jsonrpc":"2.0","id":' + _encode(request.id) + b',"result":' + result + b"}"
+        return response(request.id, result)
+
+    def _agrees(self, request: Request[Any], version: bytes, tool: str) -> bool:
+        """The SDK compares the envelope's version and name with the headers (HEADER_MISMATCH): the lane
+        takes only a request where they are equal (headers read as latin-1, as starlette does)."""
+        return (
+            request.method == "tools/call"
+            and request.params.meta.protocol_version == version.decode("latin-1")
+            and request.params.name == tool
+            and tool in self.bindings
+        )

@@ -6,9 +6,9 @@ receives a fresh scratch directory and the test's monkeypatch, and returns a ``B
 gives a store over *the same* storage each time it is called (close + open is a reopen, as a server
 restart), and whose optional ``set_clock`` replaces the clock that stamps ``recorded_at``.
 
-A store is a ``StoreLike``: ``append / recall / replay / list_conversations / close``, each taking
-``site`` first, with the signatures and defaults of ``logstore.Store``; it must be safe to call from
-several threads at once.
+A store is a ``StoreLike``: ``append / append_json / recall / replay / list_conversations / close``,
+each taking ``site`` first, with the signatures and defaults of ``logstore.Store``; it must be safe to call
+from several threads at once.
 """
 
 from __future__ import annotations
