@@ -78,9 +78,9 @@ def _result(out: list[str], content: Any, call_id: Any = None, label: str = "res
         body, size = str(text_html(content)), len(content.encode("utf-8", "replace"))
     else:
         body, size = f'<div class="payload">{payload_html(content)}</div>', len(_encode(content))
-    ident = f" · {escape(str(call_id))}" if call_id else ""
+    ident = f" &middot; {escape(str(call_id))}" if call_id else ""
     out.append(
-        f'<details class="result"><summary><span class="tag">{label}</span>{ident} · {_size(size)}'
+        f'<details class="result"><summary><span class="tag">{label}</span>{ident} &middot; {_size(size)}'
         f"</summary>{body}</details>"
     )
 
