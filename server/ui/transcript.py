@@ -18,7 +18,7 @@ Shapes recognised (``transcript_html``; the first that matches):
   too, for a tool).
 
 Escaping is render.py's: every string goes through ``text_str`` or ``payload_html`` (names, ids and
-roles through ``_esc``, markupsafe's escape as a plain str); nothing from a
+roles through ``escape_str``, markupsafe's escape as a plain str); nothing from a
 payload becomes a tag, an attribute, a URL or a style. A part of an unknown kind inside a recognised
 message is shown as its JSON.
 """
@@ -30,7 +30,7 @@ from typing import Any
 import msgspec
 from markupsafe import Markup
 
-from .render import payload_html, text_str
+from .render import escape_str, payload_html, text_str
 
 __all__ = ["transcript_html", "ROLES"]
 
@@ -44,23 +44,6 @@ _LABEL = {"thinking": "thinking", "refusal": "refusal", "reasoning": "reasoning"
 
 def _size(n: int) -> str:
     return f"{n:,} B" if n < 1024 else f"{n / 1024:,.1f} KB"
-
-
-def _esc(value: Any) -> str:
-    """``markupsafe.escape(str(value))`` (the same five characters, the same entities) as a plain str:
-    the Markup objects escape() makes cost ~1 us each, several per turn (P13)."""
-    text = str(value)
-    if "&" in text:
-        text = text.replace("&", "&amp;")
-    if "<" in text:
-        text = text.replace("<", "&lt;")
-    if ">" in text:
-        text = text.replace(">", "&gt;")
-    if "'" in text:
-        text = text.replace("'", "&#39;")
-    if '"' in text:
-        text = text.replace('"', "&#34;")
-    return text
 
 
 def _pretty(value: Any) -> str:
@@ -78,8 +61,8 @@ def _pretty(value: Any) -> str:
 
 
 def _call(out: list[str], name: Any, args: Any, call_id: Any = None) -> None:
-    ident = f' <span class="cid">{_esc(call_id)}</span>' if call_id else ""
-    tool = f'<span class="tool">{_esc(name)}</span>'
+    ident = f' <span class="cid">{escape_str(call_id)}</span>' if call_id else ""
+    tool = f'<span class="tool">{escape_str(name)}</span>'
     out.append(
         f'<div class="call"><span class="tag">call</span> {tool}{ident}'
         f'<div class="args">{_pretty(args)}</div></div>'
@@ -96,7 +79,7 @@ def _result(out: list[str], content: Any, call_id: Any = None, label: str = "res
         body, size = text_str(content), len(content.encode("utf-8", "replace"))
     else:
         body, size = f'<div class="payload">{payload_html(content)}</div>', len(_encode(content))
-    ident = f" &middot; {_esc(call_id)}" if call_id else ""
+    ident = f" &middot; {escape_str(call_id)}" if call_id else ""
     out.append(
         f'<details class="result"><summary><span class="tag">{label}</span>{ident} &middot; {_size(size)}'
         f"</summary>{body}</details>"
@@ -128,7 +111,7 @@ def _part(out: list[str], part: Any) -> None:
             out, part.get("content"), part.get("tool_use_id"), "error" if part.get("is_error") else "result"
         )
     elif isinstance(kind, str) and "image" in kind:
-        out.append(f'<div class="note">[{_esc(kind)}]</div>')
+        out.append(f'<div class="note">[{escape_str(kind)}]</div>')
     else:
         out.append(f'<div class="part payload">{payload_html(part)}</div>')
 
@@ -144,9 +127,9 @@ def _content(out: list[str], content: Any) -> None:
 
 
 def _turn(role: str, body: list[str], shape: str, extra: list[str]) -> Markup:
-    rest = f'<div class="note">also: {_esc(", ".join(extra))}</div>' if extra else ""
+    rest = f'<div class="note">also: {escape_str(", ".join(extra))}</div>' if extra else ""
     return Markup(  # noqa: S704 - every piece escaped above
-        f'<div class="turn" data-shape="{shape}"><div class="role role-{role}">{_esc(role)}</div>'
+        f'<div class="turn" data-shape="{shape}"><div class="role role-{role}">{escape_str(role)}</div>'
         f'<div class="body">{"".join(body)}{rest}</div></div>'
     )
 
