@@ -190,6 +190,8 @@ def _container(value: dict[str, Any] | list[Any], depth: int, out: list[str], co
             if type(child) is str and len(child) <= CUT_CHARS:
                 tail = _COMMA if k < last else ""
                 out.append(f'{row}<span class="s">&#34;{_inner(child)}&#34;</span>{tail}</div>')
+            elif type(child) is int:
+                out.append(f'{row}<span class="m">{child}</span>{_COMMA if k < last else ""}</div>')
             else:
                 out.append(row)
                 _value(child, depth, out, k < last)
@@ -199,6 +201,8 @@ def _container(value: dict[str, Any] | list[Any], depth: int, out: list[str], co
             if type(child) is str and len(child) <= CUT_CHARS:
                 tail = _COMMA if k < last else ""
                 out.append(f'<div class="r"><span class="s">&#34;{_inner(child)}&#34;</span>{tail}</div>')
+            elif type(child) is int:
+                out.append(f'<div class="r"><span class="m">{child}</span>{_COMMA if k < last else ""}</div>')
             else:
                 out.append('<div class="r">')
                 _value(child, depth, out, k < last)
