@@ -153,3 +153,15 @@ def test_a_page_of_ascii_payloads_is_ascii(tmp_path):
         for raw in (True, False):
             page = pages._conversation("site", "conversation-1", 100, 0, None, False, False, raw)
             assert page.body.isascii(), {chr(b) for b in page.body if b > 127}
+
+
+def test_only_short_keys_are_memoised():
+    """The key cache is bounded in entries and in their size: a long key (items may hold 256 KB ones)
+    is rendered every time, never kept."""
+    from server.ui.render import _MEMO_KEY_CHARS, _key
+
+    _key.cache_clear()
+    payload_html({"x" * (_MEMO_KEY_CHARS + 1): 1})
+    assert _key.cache_info().currsize == 0
+    payload_html({"y" * _MEMO_KEY_CHARS: 1, "short key": 2})
+    assert _key.cache_info().currsize == 2

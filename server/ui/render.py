@@ -144,6 +144,11 @@ _LITERALS = {
 }
 
 
+# Keys memoised: at most 4,096 of at most 64 characters (their HTML ~8 MB at worst: 64 invisible
+# characters, each a span). Unbounded, the 256 KB keys items may have could hold a gigabyte.
+_MEMO_KEY_CHARS = 64
+
+
 @functools.lru_cache(maxsize=4096)
 def _key(key: str) -> str:
     return f'<div class="r"><span class="k">{_string(key)}</span><span class="p">: </span>'
@@ -187,8 +192,8 @@ def _container(value: dict[str, Any] | list[Any], depth: int, out: list[str], co
     depth += 1
     if isinstance(value, dict):
         for k, (key, child) in enumerate(value.items()):
-            # a key that is not a str (no JSON decoder makes one) is not memoised: 1 and True hash alike
-            row = _key(key) if type(key) is str else _key.__wrapped__(key)
+            memo = type(key) is str and len(key) <= _MEMO_KEY_CHARS  # (1 and True hash alike)
+            row = _key(key) if memo else _key.__wrapped__(key)
             if type(child) is str and len(child) <= CUT_CHARS:
                 tail = _COMMA if k < last else ""
                 out.append(f'{row}<span class="s">&#34;{_inner(child)}&#34;</span>{tail}</div>')
