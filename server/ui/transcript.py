@@ -17,7 +17,8 @@ Shapes recognised (``transcript_html``; the first that matches):
   ``text``, ``tool_use``, ``tool_result``, ``thinking``), and ``text`` for ``content`` (``result``
   too, for a tool).
 
-Escaping is render.py's: every string goes through ``text_html`` or ``payload_html``; nothing from a
+Escaping is render.py's: every string goes through ``text_str`` or ``payload_html`` (names, ids and
+roles through ``escape_str``, markupsafe's escape as a plain str); nothing from a
 payload becomes a tag, an attribute, a URL or a style. A part of an unknown kind inside a recognised
 message is shown as its JSON.
 """
@@ -27,9 +28,9 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
-from markupsafe import Markup, escape
+from markupsafe import Markup
 
-from .render import payload_html, text_html
+from .render import escape_str, payload_html, text_str
 
 __all__ = ["transcript_html", "ROLES"]
 
@@ -45,23 +46,23 @@ def _size(n: int) -> str:
     return f"{n:,} B" if n < 1024 else f"{n / 1024:,.1f} KB"
 
 
-def _pretty(value: Any) -> Markup:
+def _pretty(value: Any) -> str:
     """Arguments, indented: a JSON string as its JSON (a string that is not JSON is shown as written),
     anything else as the JSON it is. (msgspec's formatter: ~10x json.dumps(indent=2), which was a third
     of the transcript's cost on P13's page.)"""
     try:
         if isinstance(value, str):
-            return text_html(_format(value, indent=2))
-        return text_html(_format(_encode(value).decode("utf-8"), indent=2))
+            return text_str(_format(value, indent=2))
+        return text_str(_format(_encode(value).decode("utf-8"), indent=2))
     except (msgspec.DecodeError, msgspec.EncodeError, TypeError):
         if isinstance(value, str):
-            return text_html(value)
-        return Markup(f'<div class="payload">{payload_html(value)}</div>')  # noqa: S704 - escaped
+            return text_str(value)
+        return f'<div class="payload">{payload_html(value)}</div>'
 
 
 def _call(out: list[str], name: Any, args: Any, call_id: Any = None) -> None:
-    ident = f' <span class="cid">{escape(str(call_id))}</span>' if call_id else ""
-    tool = f'<span class="tool">{escape(str(name))}</span>'
+    ident = f' <span class="cid">{escape_str(call_id)}</span>' if call_id else ""
+    tool = f'<span class="tool">{escape_str(name)}</span>'
     out.append(
         f'<div class="call"><span class="tag">call</span> {tool}{ident}'
         f'<div class="args">{_pretty(args)}</div></div>'
@@ -75,12 +76,12 @@ def _result(out: list[str], content: Any, call_id: Any = None, label: str = "res
             _part(inner, part)
         body, size = "".join(inner), len(_encode(content))
     elif isinstance(content, str):
-        body, size = str(text_html(content)), len(content.encode("utf-8", "replace"))
+        body, size = text_str(content), len(content.encode("utf-8", "replace"))
     else:
         body, size = f'<div class="payload">{payload_html(content)}</div>', len(_encode(content))
-    ident = f" · {escape(str(call_id))}" if call_id else ""
+    ident = f" &middot; {escape_str(call_id)}" if call_id else ""
     out.append(
-        f'<details class="result"><summary><span class="tag">{label}</span>{ident} · {_size(size)}'
+        f'<details class="result"><summary><span class="tag">{label}</span>{ident} &middot; {_size(size)}'
         f"</summary>{body}</details>"
     )
 
@@ -90,7 +91,7 @@ def _text(out: list[str], text: Any, label: str | None = None) -> None:
         out.append(f'<div class="part payload">{payload_html(text)}</div>')
         return
     tag = f'<span class="tag">{label}</span> ' if label else ""
-    out.append(f'<div class="text">{tag}{text_html(text)}</div>')
+    out.append(f'<div class="text">{tag}{text_str(text)}</div>')
 
 
 def _part(out: list[str], part: Any) -> None:
@@ -110,7 +111,7 @@ def _part(out: list[str], part: Any) -> None:
             out, part.get("content"), part.get("tool_use_id"), "error" if part.get("is_error") else "result"
         )
     elif isinstance(kind, str) and "image" in kind:
-        out.append(f'<div class="note">[{escape(kind)}]</div>')
+        out.append(f'<div class="note">[{escape_str(kind)}]</div>')
     else:
         out.append(f'<div class="part payload">{payload_html(part)}</div>')
 
@@ -126,9 +127,9 @@ def _content(out: list[str], content: Any) -> None:
 
 
 def _turn(role: str, body: list[str], shape: str, extra: list[str]) -> Markup:
-    rest = f'<div class="note">also: {escape(", ".join(extra))}</div>' if extra else ""
+    rest = f'<div class="note">also: {escape_str(", ".join(extra))}</div>' if extra else ""
     return Markup(  # noqa: S704 - every piece escaped above
-        f'<div class="turn" data-shape="{shape}"><div class="role role-{role}">{escape(role)}</div>'
+        f'<div class="turn" data-shape="{shape}"><div class="role role-{role}">{escape_str(role)}</div>'
         f'<div class="body">{"".join(body)}{rest}</div></div>'
     )
 
