@@ -1,0 +1,95 @@
+"""``connections.GuardedConnection`` on uvicorn's httptools protocol (llhttp; ``--http auto`` when it
+imports, or ``--http httptools``).
+
+httptools has no state to ask, so the parser callbacks keep one (``_Reading``); and it keeps no buffer of
+its own to measure a header block by (it parses as bytes arrive, buffering a header name or value it has
+not seen the end of), so the bytes of the header block are counted here, read by read.
+
+One difference from h11, documented in docs/SECURITY.md: when a pipelined request's header block starts
+in the middle of a read (after the end of the previous request, in the same read), the part of it in
+that read is not counted; it is counted from the next read on. A header block can then reach
+``max_header_bytes`` plus one read (asyncio reads at most 256 KiB at a time) before it is refused;
+h11 buffers pipelined requests whole and measures them exactly.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from httptools import HttpParserError
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from .connections import GuardedConnection, Phase
+
+__all__ = ["GuardedHttpToolsProtocol"]
+
+
+def _refuse_what_h11_refuses(target: bytes, headers: list[tuple[bytes, bytes]], version: str) -> None:
+    """What llhttp accepts and h11 (the parser before it) answered 400, answered 400 still: an HTTP/1.1
+    request without a Host header, any request with two (which one would the Host check judge?), and a
+    request target that is not a path (absolute-form ``http://other/mcp``, whose authority the Host
+    check would not see: uvicorn keeps only its path). Raised inside a parser callback, the error makes
+    uvicorn answer 400 and close, as it does for h11's errors."""
+    hosts = sum(1 for name, _ in headers if name == b"host")
+    if hosts > 1 or (hosts == 0 and version == "1.1"):
+        raise HttpParserError(f"{hosts} Host headers")
+    if not target.startswith(b"/"):
+        raise HttpParserError("request target is not a path")
+
+
+class _Reading(enum.Enum):
+    IDLE = "idle"  # nothing of the next request yet
+    HEADERS = "headers"  # part of its header block
+    BODY = "body"  # its header block is complete, its body is not
+
+
+class GuardedHttpToolsProtocol(GuardedConnection, HttpToolsProtocol):
+    _reading = _Reading.IDLE
+    _heads = 0  # header blocks completed on this connection
+    _head_bytes = 0  # bytes of the current header block counted so far (see the module's docstring)
+    _head_tail = b""
+
+    # --- parser callbacks (called by httptools while it parses a read) --------------------------------
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._reading = _Reading.HEADERS
+
+    def on_headers_complete(self) -> None:
+        _refuse_what_h11_refuses(self.url, self.headers, self.parser.get_http_version())
+        self._reading, self._heads = _Reading.BODY, self._heads + 1
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._reading = _Reading.IDLE
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._rearm()  # the next request's header deadline starts now
+
+    # --- GuardedConnection's hooks ---------------------------------------------------------------------
+    def _client_phase(self) -> Phase:
+        if self._reading is _Reading.BODY:
+            return Phase.BODY
+        # A request answered, or not yet started: as with h11, headers are awaited only once the
+        # previous response is complete (a pipelined request's are not the client's delay).
+        if self.cycle is not None and not self.cycle.response_complete:
+            return Phase.SERVER
+        return Phase.HEADERS
+
+    def _reading_headers(self) -> bool:
+        return self._reading is not _Reading.BODY
+
+    def _head_seen(self) -> tuple[int, bytes]:
+        return self._head_bytes, self._head_tail
+
+    def data_received(self, data: bytes) -> None:
+        counting, heads = self._reading_headers(), self._heads
+        super().data_received(data)
+        if self._reading is not _Reading.HEADERS:
+            self._head_bytes, self._head_tail = 0, b""
+        elif counting and heads == self._heads:  # one header block, begun at or before this read's start
+            self._head_bytes += len(data)
+            self._head_tail = (self._head_tail + data[-3:])[-3:]
+        else:  # a header block began after another request's end in this read: counted from the next
+            self._head_bytes, self._head_tail = 0, data[-3:]
