@@ -1,4 +1,4 @@
-"""``connections.GuardedConnection`` on uvicorn's h11 protocol (``--http h11``, or ``auto`` without
+"""``connection_rules.GuardedConnection`` on uvicorn's h11 protocol (``--http h11``, or ``auto`` without
 httptools): the client's phase is h11's own state machine, and the header block seen so far is h11's
 unparsed buffer."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from .connections import GuardedConnection, Phase
+from .connection_rules import GuardedConnection, Phase
 
 __all__ = ["GuardedH11Protocol"]
 

@@ -1,15 +1,20 @@
-"""``connections.GuardedConnection`` on uvicorn's httptools protocol (llhttp; ``--http auto`` when it
+"""``connection_rules.GuardedConnection`` on uvicorn's httptools protocol (llhttp; ``--http auto`` when it
 imports, or ``--http httptools``).
 
 httptools has no state to ask, so the parser callbacks keep one (``_Reading``); and it keeps no buffer of
 its own to measure a header block by (it parses as bytes arrive, buffering a header name or value it has
 not seen the end of), so the bytes of the header block are counted here, read by read.
 
-One difference from h11, documented in docs/SECURITY.md: when a pipelined request's header block starts
-in the middle of a read (after the end of the previous request, in the same read), the part of it in
-that read is not counted; it is counted from the next read on. A header block can then reach
-``max_header_bytes`` plus one read (asyncio reads at most 256 KiB at a time) before it is refused;
-h11 buffers pipelined requests whole and measures them exactly.
+A pipelined request's header block that starts in the middle of a read (after the end of the
+previous request, in the same read) is counted from the next read on, so it can reach
+``max_header_bytes`` plus one read (asyncio reads at most 256 KiB at a time) before it is refused here.
+h11 has the same gap in another shape: a pipelined block that arrived whole with the request before it
+is parsed from h11's buffer whatever its size (its limit covers only a block still arriving). Either way
+``request_guard.HeaderGuard`` then answers 431 before any application code
+(tests/test_server_http_parsers.py); docs/SECURITY.md.
+
+llhttp also accepts what h11 refused with 400 and the Host check relies on; ``on_headers_complete``
+refuses it the same way (``_refuse_what_h11_refuses``).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import enum
 from httptools import HttpParserError
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from .connections import GuardedConnection, Phase
+from .connection_rules import GuardedConnection, Phase
 
 __all__ = ["GuardedHttpToolsProtocol"]
 
