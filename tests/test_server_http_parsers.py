@@ -155,6 +155,23 @@ def test_keep_alive_and_pipelined_requests_are_served_in_order(server):
     assert statuses == [200, 405, 200, 200, 200] and not closed
 
 
+def test_the_header_deadline_runs_from_the_last_response_on_a_kept_alive_connection(server):
+    # Header deadline 3 s here. The request comes 2 s after the connection opened: the deadline that
+    # matters is then 3 s after its response, not 1 s after it (when the connection's first one ran out).
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        time.sleep(2)
+        sock.sendall(b"GET /healthz HTTP/1.1\r\n" + HOST + b"\r\n")
+        sock.settimeout(10)
+        answer = sock.recv(65536)
+        answered = time.monotonic()
+        assert answer.startswith(b"HTTP/1.1 200")
+        late = b""
+        while chunk := sock.recv(65536):
+            late += chunk
+        idle = time.monotonic() - answered
+    assert late.startswith(b"HTTP/1.1 408") and 2 <= idle < 10, (late, idle)  # a stale deadline: ~1 s
+
+
 @pytest.fixture
 def without_httptools(tmp_path):
     """An environment in which ``import httptools`` fails (a package of that name that raises)."""

@@ -20,7 +20,7 @@ On a deadline the server answers 408 if no response was started, and closes the 
 
 These rules live here once, in ``GuardedConnection``, in terms of a ``Phase`` of the client's side of the
 connection. Each parser's subclass (``h11_connection``, ``httptools_connection``) only says which phase
-its parser is in and how much of a header block it has seen; ``connections`` picks one (``--http``).
+its parser is in and how much of a header block it has read; ``connections`` picks one (``--http``).
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ import asyncio
 import enum
 import logging
 import resource
-import time
 from typing import Any, ClassVar
 
 from .http_limits import HttpLimits
@@ -100,8 +99,15 @@ def fd_capped_connections(wanted: int) -> int:
 
 class GuardedConnection(asyncio.Protocol):
     """The connection rules, mixed in before a uvicorn protocol class (which provides ``transport``,
-    ``loop``, ``connections``, ``cycle``). A subclass implements the three parser hooks and calls
-    ``_rearm`` whenever its parser may have changed phase."""
+    ``loop``, ``connections``, ``cycle``). A subclass says which ``Phase`` its parser is in
+    (``_client_phase``), asks ``_refused_head`` before feeding a read that may hold a header block, and
+    calls ``_rearm`` whenever its parser may have changed phase.
+
+    A deadline costs no timer per request: a phase change only notes the time, and one timer per
+    connection, armed when none is, checks the phase it finds when it fires (re-arming itself for that
+    phase's own deadline if the phase changed meanwhile). A keep-alive connection making 100 calls a
+    second thus sets about one timer per ``header_timeout``, not two per call (~30k instructions each,
+    docs/PERFORMANCE.md)."""
 
     limits: ClassVar[HttpLimits]  # set by connections.guarded_protocol
     max_connections: ClassVar[int]
@@ -113,21 +119,11 @@ class GuardedConnection(asyncio.Protocol):
 
     _deadline: asyncio.TimerHandle | None = None
     _phase: tuple[Phase, Any] | None = None  # (phase, request cycle): a new pair starts a new deadline
-    _phase_started = 0.0
+    _phase_started = 0.0  # loop.time()
 
-    # --- parser hooks ---------------------------------------------------------------------------------
     def _client_phase(self) -> Phase:
         raise NotImplementedError
 
-    def _reading_headers(self) -> bool:
-        """Whether the next bytes from the client are (the rest of) a header block."""
-        raise NotImplementedError
-
-    def _head_seen(self) -> tuple[int, bytes]:
-        """Bytes of the current header block received so far, and the last (up to) 3 of them."""
-        raise NotImplementedError
-
-    # --- the rules --------------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         if len(self.connections) > self.max_connections and not self._make_room():
@@ -139,16 +135,17 @@ class GuardedConnection(asyncio.Protocol):
             return
         self._rearm()
 
-    def data_received(self, data: bytes) -> None:
+    def _refused_head(self, seen: int, tail: bytes, data: bytes) -> bool:
+        """Answer 431 and close if ``data`` takes the header block being read (``seen`` bytes so far,
+        ending in ``tail``) over ``max_header_bytes``; True if it did."""
         limit = self.limits.max_header_bytes
-        if self._reading_headers() and head_overflows(*self._head_seen(), data, limit):
-            log.warning("refusing a request: header block over %d bytes", limit)
-            self._cancel()
-            self.transport.write(_HEADERS_TOO_LARGE)
-            self.transport.close()
-            return
-        super().data_received(data)
-        self._rearm()
+        if not head_overflows(seen, tail, data, limit):
+            return False
+        log.warning("refusing a request: header block over %d bytes", limit)
+        self._cancel()
+        self.transport.write(_HEADERS_TOO_LARGE)
+        self.transport.close()
+        return True
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel()
@@ -174,6 +171,11 @@ class GuardedConnection(asyncio.Protocol):
             self._deadline.cancel()
             self._deadline = None
 
+    def _timeout(self, phase: Phase) -> float | None:
+        if phase is Phase.HEADERS:
+            return self.limits.header_timeout
+        return self.limits.body_timeout if phase is Phase.BODY else None
+
     def _rearm(self) -> None:
         # A new request, or the next one on a kept-alive connection, starts a new deadline; more bytes of
         # the same phase do not.
@@ -182,17 +184,26 @@ class GuardedConnection(asyncio.Protocol):
         phase = (self._client_phase(), self.cycle)
         if phase == self._phase:
             return
-        self._cancel()
-        self._phase, self._phase_started = phase, time.monotonic()
-        if phase[0] is Phase.HEADERS:
-            self._deadline = self.loop.call_later(self.limits.header_timeout, self._expire, "headers")
-        elif phase[0] is Phase.BODY:
-            self._deadline = self.loop.call_later(self.limits.body_timeout, self._expire, "body")
+        self._phase, self._phase_started = phase, self.loop.time()
+        if self._deadline is None:
+            timeout = self._timeout(phase[0])
+            if timeout is not None:
+                self._deadline = self.loop.call_at(self._phase_started + timeout, self._check)
+
+    def _check(self) -> None:
+        self._deadline = None
+        if self._phase is None or self.transport.is_closing():
+            return
+        timeout = self._timeout(self._phase[0])
+        if timeout is None:  # the server owes a response: no deadline until that changes (_rearm)
+            return
+        due = self._phase_started + timeout
+        if self.loop.time() < due:  # the phase changed since this timer was set
+            self._deadline = self.loop.call_at(due, self._check)
+            return
+        self._expire("headers" if self._phase[0] is Phase.HEADERS else "body")
 
     def _expire(self, what: str) -> None:
-        self._deadline = None
-        if self.transport.is_closing():
-            return
         # Waiting for headers, no response is in flight; waiting for a body, one may already be sent
         # (a 401 to a client still dripping its body), and then there is nothing more to say.
         if what == "headers" or self.cycle is None or not self.cycle.response_started:

@@ -1,5 +1,5 @@
 """``connection_rules.GuardedConnection`` on uvicorn's h11 protocol (``--http h11``, or ``auto`` without
-httptools): the client's phase is h11's own state machine, and the header block seen so far is h11's
+httptools): the client's phase is h11's own state machine, and the header block read so far is h11's
 unparsed buffer."""
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ class GuardedH11Protocol(GuardedConnection, H11Protocol):
             return Phase.HEADERS
         return Phase.BODY if state is h11.SEND_BODY else Phase.SERVER
 
-    def _reading_headers(self) -> bool:
-        return self.conn.their_state is h11.IDLE
-
-    def _head_seen(self) -> tuple[int, bytes]:
-        pending = self.conn.trailing_data[0]
-        return len(pending), bytes(pending[-3:])
+    def data_received(self, data: bytes) -> None:
+        if self.conn.their_state is h11.IDLE:  # a header block, of which h11 holds what came before
+            pending = self.conn.trailing_data[0]
+            if self._refused_head(len(pending), bytes(pending[-3:]), data):
+                return
+        super().data_received(data)  # handle_events below rearms
 
     def handle_events(self) -> None:
         # Called for every read and, after a response, for the next pipelined request.

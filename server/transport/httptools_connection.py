@@ -13,8 +13,8 @@ is parsed from h11's buffer whatever its size (its limit covers only a block sti
 ``request_guard.HeaderGuard`` then answers 431 before any application code
 (tests/test_server_http_parsers.py); docs/SECURITY.md.
 
-llhttp also accepts what h11 refused with 400 and the Host check relies on; ``on_headers_complete``
-refuses it the same way (``_refuse_what_h11_refuses``).
+llhttp also accepts request targets h11 never served (``on_headers_complete``); a request without
+exactly one Host header, which llhttp accepts too, is refused by ``request_guard.HeaderGuard``.
 """
 
 from __future__ import annotations
@@ -29,50 +29,37 @@ from .connection_rules import GuardedConnection, Phase
 __all__ = ["GuardedHttpToolsProtocol"]
 
 
-def _refuse_what_h11_refuses(target: bytes, headers: list[tuple[bytes, bytes]], version: str) -> None:
-    """What llhttp accepts and h11 (the parser before it) answered 400, answered 400 still: an HTTP/1.1
-    request without a Host header, any request with two (which one would the Host check judge?), and a
-    request target that is not a path (absolute-form ``http://other/mcp``, whose authority the Host
-    check would not see: uvicorn keeps only its path). Raised inside a parser callback, the error makes
-    uvicorn answer 400 and close, as it does for h11's errors."""
-    hosts = sum(1 for name, _ in headers if name == b"host")
-    if hosts > 1 or (hosts == 0 and version == "1.1"):
-        raise HttpParserError(f"{hosts} Host headers")
-    if not target.startswith(b"/"):
-        raise HttpParserError("request target is not a path")
-
-
 class _Reading(enum.Enum):
-    IDLE = "idle"  # nothing of the next request yet
-    HEADERS = "headers"  # part of its header block
+    HEADERS = "headers"  # the next request's header block (none of it yet, or part of it)
     BODY = "body"  # its header block is complete, its body is not
 
 
 class GuardedHttpToolsProtocol(GuardedConnection, HttpToolsProtocol):
-    _reading = _Reading.IDLE
+    _reading = _Reading.HEADERS
     _heads = 0  # header blocks completed on this connection
     _head_bytes = 0  # bytes of the current header block counted so far (see the module's docstring)
     _head_tail = b""
 
     # --- parser callbacks (called by httptools while it parses a read) --------------------------------
-    def on_message_begin(self) -> None:
-        super().on_message_begin()
-        self._reading = _Reading.HEADERS
-
     def on_headers_complete(self) -> None:
-        _refuse_what_h11_refuses(self.url, self.headers, self.parser.get_http_version())
+        if not self.url.startswith(b"/"):
+            # Not a path: absolute-form (``http://other/mcp``) or ``*``. uvicorn would keep only the
+            # path, so the Host check would judge a Host the target overrides; h11 served these as
+            # unknown paths (404). Raised in a parser callback, this makes uvicorn answer 400 and close,
+            # as it does for any parse error.
+            raise HttpParserError("request target is not a path")
         self._reading, self._heads = _Reading.BODY, self._heads + 1
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
-        self._reading = _Reading.IDLE
+        self._reading = _Reading.HEADERS
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
         self._rearm()  # the next request's header deadline starts now
 
-    # --- GuardedConnection's hooks ---------------------------------------------------------------------
+    # --- the connection rules ----------------------------------------------------------------------------
     def _client_phase(self) -> Phase:
         if self._reading is _Reading.BODY:
             return Phase.BODY
@@ -82,19 +69,16 @@ class GuardedHttpToolsProtocol(GuardedConnection, HttpToolsProtocol):
             return Phase.SERVER
         return Phase.HEADERS
 
-    def _reading_headers(self) -> bool:
-        return self._reading is not _Reading.BODY
-
-    def _head_seen(self) -> tuple[int, bytes]:
-        return self._head_bytes, self._head_tail
-
     def data_received(self, data: bytes) -> None:
-        counting, heads = self._reading_headers(), self._heads
+        counting, heads = self._reading is _Reading.HEADERS, self._heads
+        if counting and self._refused_head(self._head_bytes, self._head_tail, data):
+            return
         super().data_received(data)
-        if self._reading is not _Reading.HEADERS:
+        if self._reading is _Reading.BODY:
             self._head_bytes, self._head_tail = 0, b""
         elif counting and heads == self._heads:  # one header block, begun at or before this read's start
             self._head_bytes += len(data)
             self._head_tail = (self._head_tail + data[-3:])[-3:]
-        else:  # a header block began after another request's end in this read: counted from the next
+        else:  # a request ended in this read: what follows it is counted from the next read on
             self._head_bytes, self._head_tail = 0, data[-3:]
+        self._rearm()
