@@ -6,6 +6,7 @@ Also a command for A/B runs of other servers in the same way (issue 34: the tree
 against the tree after it, uvicorn with another HTTP protocol...):
 
     python -m bench.serve_floor --seconds 5 --rounds 6 [--tree old=/path/to/export] [--serve-arg ...]
+        [--also h11='--http h11']
 
 prints one JSON line per variant: calls/s per round, server CPU ms per call per round.
 """
@@ -32,7 +33,12 @@ _TOOL = "append_memory"
 
 
 def _variants(
-    directory: str, trees: dict[str, str], serve_args: list[str], variants: list[str], tool: str
+    directory: str,
+    trees: dict[str, str],
+    serve_args: list[str],
+    variants: list[str],
+    tool: str,
+    also: dict[str, list[str]] | None = None,
 ) -> dict[str, tuple[list[str], dict[str, str]]]:
     """name -> (python -m args, environment overrides); each gets its own data directory. A tool other
     than append_memory (the bench's noop) is served by ``bench.bench_app``, and has no floor."""
@@ -44,6 +50,8 @@ def _variants(
         data_dir = os.path.join(directory, name)
         env = {"PYTHONPATH": root} if root else {}
         out[name] = ([*serve, "--data-dir", data_dir], env | ({"BENCH_CWD": root} if root else {}))
+    for name, args in (also or {}).items():  # this tree's serve with more arguments (e.g. --http h11)
+        out[name] = ([*serve, *args, "--data-dir", os.path.join(directory, name)], {})
     if tool == _TOOL:
         out["floor"] = (["bench.floor", "--data-dir", os.path.join(directory, "floor")], {})
     for spec in variants:  # NAME=HTTP/LOOP: bench.serve_variant (measurement only: no connection guards)
@@ -64,8 +72,9 @@ def run_rounds(
     serve_args: list[str] | None = None,
     uvicorn_variants: list[str] | None = None,
     tool: str = _TOOL,
+    also: dict[str, list[str]] | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
-    variants = _variants(directory, trees or {}, serve_args or [], uvicorn_variants or [], tool)
+    variants = _variants(directory, trees or {}, serve_args or [], uvicorn_variants or [], tool, also)
     samples: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
     with contextlib.ExitStack() as stack:
         servers = {}
@@ -120,6 +129,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tree", action="append", default=[], help="NAME=PATH: also serve from that tree")
     parser.add_argument("--serve-arg", action="append", default=[], help="extra argument for every serve")
     parser.add_argument(
+        "--also",
+        action="append",
+        default=[],
+        help="NAME=ARGS: this tree's serve again with these arguments, e.g. h11='--http h11'",
+    )
+    parser.add_argument(
         "--variant",
         action="append",
         default=[],
@@ -137,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
             serve_args=args.serve_arg,
             uvicorn_variants=args.variant,
             tool=args.tool,
+            also={name: extra.split() for name, _, extra in (a.partition("=") for a in args.also)},
         )
     for name, runs in samples.items():
         rates = [s["rate"] for s in runs]

@@ -1,7 +1,8 @@
 """``logstore serve --workers 1`` with another uvicorn HTTP protocol or event loop, for A/B runs only
-(issue 34): ``--http httptools`` drops ``server.transport.connections``' guarded h11 protocol (header and
-body deadlines, connection cap, early 431), so this is a measurement of what the parser and loop cost,
-never a way to serve.
+(issue 34): ``--http httptools`` or ``h11`` is uvicorn's plain protocol, without
+``server.transport.connection_rules``' rules (header and body deadlines, connection cap, early 431), so
+this measures what the parser, the rules and the loop cost, never a way to serve. ``guarded`` is what
+``logstore serve`` runs (``--http auto``).
 
     python -m bench.serve_variant --data-dir D --port P --http httptools --loop uvloop
 """

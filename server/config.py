@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields
 from logstore.core.factory import file_url, parse_store_url
 
 from .transport.access_log import LOG_FORMATS
+from .transport.connections import HTTP_PARSERS
 from .transport.http_limits import HttpLimits
 
 __all__ = ["ServeConfig", "ENV_VARS"]
@@ -26,6 +27,7 @@ ENV_VARS = {
     "host": "LOGSTORE_HOST",
     "port": "LOGSTORE_PORT",
     "workers": "LOGSTORE_WORKERS",
+    "http": "LOGSTORE_HTTP",
     "stdio": "LOGSTORE_STDIO",
     "site": "LOGSTORE_SITE",
     "ssl_certfile": "LOGSTORE_SSL_CERTFILE",
@@ -56,6 +58,7 @@ class ServeConfig:
     host: str = "127.0.0.1"  # loopback only unless the operator says otherwise
     port: int = 8765
     workers: int = 1
+    http: str = "auto"  # HTTP/1.1 parser: auto | httptools | h11 (server.transport.connections)
     stdio: bool = False
     site: str = "local"  # the site a --stdio server acts as (stdio has no authentication)
     ssl_certfile: str | None = None
@@ -108,6 +111,8 @@ class ServeConfig:
             raise ValueError(f"port must be 0-65535, got {self.port}")
         if self.workers < 1:
             raise ValueError(f"workers must be at least 1, got {self.workers}")
+        if self.http not in HTTP_PARSERS:
+            raise ValueError(f"http must be one of {', '.join(HTTP_PARSERS)}, got {self.http!r}")
         if self.threads < 1:
             raise ValueError(f"threads must be at least 1, got {self.threads}")
         if self.lock_timeout <= 0:

@@ -9,7 +9,7 @@ lives in one process's memory.
 
 Around the SDK (outermost first): ``HeaderGuard`` (header count/size), Basic auth, ``BodyGuard`` (body size,
 concurrent large parses, disconnects), then ``SitedSessionManager`` (per-site session caps). The
-connection-level limits (read deadlines, connection cap) are in ``server.transport.connections``; all
+connection-level limits (read deadlines, connection cap) are in ``server.transport.connection_rules``; all
 values in ``server.transport.http_limits`` and docs/SECURITY.md.
 """
 

@@ -62,7 +62,7 @@ def app_from_env() -> Starlette:
 
 
 def uvicorn_config(config: ServeConfig, app: Any, **extra: Any) -> uvicorn.Config:
-    """uvicorn settings; ``http=`` is the h11 protocol with read deadlines and a connection cap."""
+    """uvicorn settings; ``http=`` is ``config.http``'s protocol with read deadlines and a connection cap."""
     return uvicorn.Config(
         app,
         host=config.host,
@@ -73,8 +73,8 @@ def uvicorn_config(config: ServeConfig, app: Any, **extra: Any) -> uvicorn.Confi
         access_log=False,  # uvicorn's per-request line; ours is per tool call (server.transport.access_log)
         lifespan="on",
         timeout_graceful_shutdown=10,
-        http=guarded_protocol(config.http_limits),
-        h11_max_incomplete_event_size=config.max_header_bytes,  # a header block still arriving
+        http=guarded_protocol(config.http_limits, parser=config.http),
+        h11_max_incomplete_event_size=config.max_header_bytes,  # with h11: a header block still arriving
         # JSON logs: uvicorn's records go through the root handler (one format) instead of its own.
         log_config=None if config.log_format == "json" else uvicorn.config.LOGGING_CONFIG,
         **extra,

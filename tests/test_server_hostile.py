@@ -46,13 +46,18 @@ INIT = {
 }
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
+# Each connection rule is the parser's as much as ours: every test runs on both (--http, connections.py).
+PARSERS = ["auto", "h11"]  # auto: httptools (tests/test_server_http_parsers.py checks it imports)
+
+
+@pytest.fixture(scope="module", params=PARSERS)
+def server(request, tmp_path_factory):
     data_dir = tmp_path_factory.mktemp("hostile")
     creds = CredentialsFile(str(data_dir))
     for site, password in PASSWORDS.items():
         creds.add(site, password)
-    with serve(data_dir, "--log-level", "info", env=LIMITS, passwords=PASSWORDS) as running:
+    extra = ("--log-level", "info", "--http", request.param)
+    with serve(data_dir, *extra, env=LIMITS, passwords=PASSWORDS) as running:
         yield running
 
 
@@ -119,10 +124,11 @@ def test_a_dripped_body_is_cut_at_the_body_deadline(server, authorization):
     assert took < 4
 
 
-@pytest.fixture(scope="module")
-def capped(tmp_path_factory):
+@pytest.fixture(scope="module", params=PARSERS)
+def capped(request, tmp_path_factory):
     """Default deadlines (10 s), so only the cap can close connections within the test."""
-    with serve(tmp_path_factory.mktemp("capped"), env={"LOGSTORE_MAX_CONNECTIONS": "24"}) as running:
+    data_dir, cap = tmp_path_factory.mktemp("capped"), {"LOGSTORE_MAX_CONNECTIONS": "24"}
+    with serve(data_dir, "--http", request.param, env=cap) as running:
         yield running
 
 
@@ -158,7 +164,7 @@ async def test_absurd_header_counts_and_sizes_get_431_before_the_sdk(server):
         assert "request headers; the limit is 40" in r.json()["error"]["message"]
         r = await http.post(server.url, json=INIT, headers=auth("alpha"))
         assert r.status_code == 200
-    # 10,000 headers in one write (the SDK's quadratic case): refused before h11 even parses them.
+    # 10,000 headers in one write (the SDK's quadratic case): refused before the parser even reads them.
     head = "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n" + "".join(f"x{i}:v\r\n" for i in range(10_000))
     with raw_connect(server.port) as sock:
         sock.sendall(head.encode() + b"Content-Length: 0\r\n\r\n")

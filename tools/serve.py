@@ -51,6 +51,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--port", type=int, help="TCP port (env LOGSTORE_PORT; default 8765)")
     p.add_argument("--workers", type=int, help="server processes sharing the port (env LOGSTORE_WORKERS)")
     p.add_argument(
+        "--http",
+        choices=["auto", "httptools", "h11"],
+        help="HTTP/1.1 parser, with the same limits either way: auto is httptools when it imports, else h11 "
+        "(env LOGSTORE_HTTP; default auto)",
+    )
+    p.add_argument(
         "--stdio",
         action="store_const",
         const=True,
@@ -217,6 +223,17 @@ class StartupError(Exception):
     """The server cannot start (exit 1): said before the data dir is touched."""
 
 
+def check_http_parser(parser: str) -> None:
+    """``--http httptools`` needs the package to import (``auto`` falls back to h11 by itself)."""
+    from server.transport.connections import resolve_parser
+
+    if parser == "httptools":
+        try:
+            resolve_parser(parser)
+        except RuntimeError as exc:
+            raise StartupError(f"{exc}; install it (pip install httptools) or use --http h11") from None
+
+
 def check_store(store_url: str) -> None:
     """A PostgreSQL store is usable as it is (the extra installed, reachable, schema migrated); else
     ``StartupError`` with one line naming the fix. A file store needs nothing here."""
@@ -279,6 +296,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             host=args.host,
             port=args.port,
             workers=args.workers,
+            http=args.http,
             stdio=args.stdio,
             site=args.site,
             ssl_certfile=args.ssl_certfile,
@@ -314,6 +332,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         check_store(config.store_url)
         if not config.stdio:
             check_bindable(config.host, config.port)
+            check_http_parser(config.http)
     except StartupError as exc:
         print(f"logstore serve: {exc}", file=sys.stderr)
         return 1

@@ -3,6 +3,8 @@
 - ``HeaderGuard`` (outermost, every route, before authentication): more than ``max_header_count`` header
   lines or ``max_header_bytes`` of them get 431. The 2026-07-28 request path in the SDK is quadratic in the
   number of headers (10,000 tiny headers held the event loop for 1.2-1.7 s); a real client sends about ten.
+  A request with both ``Content-Length`` and ``Transfer-Encoding`` (request smuggling), or without exactly
+  one ``Host`` (HTTP/1.1), gets 400 and the connection is closed, whichever parser read it.
 - ``BodyGuard`` (on ``/mcp``, after authentication, so an anonymous client never makes the server buffer
   anything): a declared or actual body over ``max_body_bytes`` gets 413 before a byte of it is parsed;
   the body is read completely before the SDK sees it, and only ``max_large_bodies`` requests whose body
@@ -60,16 +62,39 @@ class HeaderGuard:
             if len(headers) > self.max_count:
                 await self._reject(send, f"{len(headers)} request headers; the limit is {self.max_count}")
                 return
-            size = sum(len(k) + len(v) for k, v in headers)
+            size = hosts = 0
+            length = chunked = False
+            for name, value in headers:
+                size += len(name) + len(value)
+                if name == b"host":
+                    hosts += 1
+                elif name == b"content-length":
+                    length = True
+                elif name == b"transfer-encoding":
+                    chunked = True
             if size > self.max_bytes:
                 await self._reject(send, f"request headers are {size} bytes; the limit is {self.max_bytes}")
                 return
+            if length and chunked:
+                # Two framings of one body: a proxy in front may have read the other one, so whatever
+                # follows on this connection could be a smuggled request. httptools refuses this itself;
+                # h11 lets Transfer-Encoding win and would serve what follows.
+                message = "both Content-Length and Transfer-Encoding: the body's length is ambiguous"
+                await self._reject(send, message, status=400, code="BadRequest")
+                return
+            if hosts > 1 or (hosts == 0 and scope.get("http_version") == "1.1"):
+                # HTTP/1.1 needs exactly one (RFC 9112 3.2): with two, which would the Host check judge?
+                # h11 refuses this itself; httptools does not.
+                message = f"{hosts} Host headers; an HTTP/1.1 request has exactly one"
+                await self._reject(send, message, status=400, code="BadRequest")
+                return
         await self.app(scope, receive, send)
 
-    async def _reject(self, send: Send, message: str) -> None:
+    async def _reject(
+        self, send: Send, message: str, *, status: int = 431, code: str = "RequestHeaderFieldsTooLarge"
+    ) -> None:
         log.warning("rejecting a request: %s", message)
-        close = [(b"connection", b"close")]
-        await json_error(send, 431, "RequestHeaderFieldsTooLarge", message, headers=close)
+        await json_error(send, status, code, message, headers=[(b"connection", b"close")])
 
 
 class BodyGuard:
