@@ -72,6 +72,10 @@ def uvicorn_config(config: ServeConfig, app: Any, **extra: Any) -> uvicorn.Confi
         log_level=config.log_level,
         access_log=False,  # uvicorn's per-request line; ours is per tool call (server.transport.access_log)
         lifespan="on",
+        # No WebSocket protocol: an Upgrade request stays on our guarded HTTP protocol (deadlines, the
+        # connection cap) and is answered as plain HTTP; with uvicorn's default it would leave for the
+        # websockets package's protocol, outside every connection guard. MCP does not use WebSockets.
+        ws="none",
         timeout_graceful_shutdown=10,
         http=guarded_protocol(config.http_limits, parser=config.http),
         h11_max_incomplete_event_size=config.max_header_bytes,  # with h11: a header block still arriving

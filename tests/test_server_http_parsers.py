@@ -199,3 +199,14 @@ def test_without_httptools_http_httptools_refuses_to_start(tmp_path, without_htt
 
     ran = logstore("serve", "--data-dir", str(tmp_path), "--http", "httptools", env=without_httptools)
     assert ran.returncode == 1 and "httptools does not import" in ran.stderr, ran.stderr
+
+
+def test_a_websocket_upgrade_is_answered_as_plain_http_inside_the_connection_rules(server):
+    # uvicorn's default would hand it to the websockets package's protocol, outside every guard (there:
+    # 403 and closed). With ws="none" (server/runtime.py) it is a plain GET, and the connection stays
+    # under our rules: kept alive, then idle past the header deadline (3 s here), it gets 408.
+    upgrade = (
+        b"GET /healthz HTTP/1.1\r\n" + HOST + b"Connection: Upgrade\r\nUpgrade: websocket\r\n"
+        b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+    )
+    assert exchange(server.port, upgrade) == ([200, 408], True)
