@@ -12,12 +12,12 @@ overlay replaced and that sort between the cursor and the page's end.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from sortedcontainers import SortedList
 
-from .codec import ERASED, Entry, erased_entry, merged
-from .snapshot import EMPTY, Snapshot, listing_key
+from .codec import ERASED, Entry, Session, erased_entry, merged
+from .snapshot import EMPTY, Snapshot, listing_key, merge_snapshot
 
 __all__ = ["ManifestTable"]
 
@@ -101,6 +101,12 @@ class ManifestTable:
         for cid, entry in over.items():
             if entry.created_at != ERASED:
                 yield cid, entry
+
+    def packed(self, sessions: Iterable[Session]) -> bytes:
+        """This state as a snapshot file: the base's bytes copied with the overlay merged in
+        (``snapshot.merge_snapshot``), not every entry sorted and encoded again."""
+        changes = ((cid, None if e.created_at == ERASED else e) for cid, e in self._over.items())
+        return merge_snapshot(self.base, changes, sessions)
 
     def page(self, after: tuple[int, str] | None, limit: int) -> tuple[list[tuple[str, int, int]], bool]:
         """Up to ``limit`` listed conversations whose key sorts after ``after`` (None: from the top), in
