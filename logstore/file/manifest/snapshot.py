@@ -45,7 +45,6 @@ _HEADER = struct.Struct("<5I")
 _SESSION = struct.Struct("<16sIQQ")
 _CRC = struct.Struct("<I")
 _CHUNK = 1 << 16  # elements per C-level loop of a merge, between which other threads may run
-_COLUMNS = (struct.Struct("<q"), struct.Struct("<q"), struct.Struct("<Q"), struct.Struct("<I"))
 # Columns are read in place as native arrays: that needs a little-endian host (else they are copied).
 _NATIVE = sys.byteorder == "little"
 Column = Sequence[int]  # a memoryview over the file's bytes (or an array where bytes are swapped)
@@ -258,7 +257,7 @@ def _assemble(
 ) -> bytes:
     old_offsets, old_ids = base.offsets, base.ids
     old_columns = (base.created, base.last, base.size, base.next_seq)
-    columns: list[list[bytes | memoryview]] = [[], [], [], []]
+    created, last, size, next_seq = columns = (array("q"), array("q"), array("Q"), array("I"))
     ids: list[bytes | memoryview] = []
     offsets = array("I", [0])
     remap = array("I", bytes(4 * (base.count + 1)))  # old index + 1 -> new index + 1 (0: gone)
@@ -269,7 +268,7 @@ def _assemble(
         if len(step) == 2:
             a, b = step
             for column, old in zip(columns, old_columns, strict=True):
-                column.append(old[a:b])  # type: ignore[arg-type]
+                column.frombytes(memoryview(old)[a:b].cast("B"))  # type: ignore[arg-type]
             ids.append(old_ids[old_offsets[a] : old_offsets[b]])
             shift = (total - old_offsets[a]).__add__
             for c in range(a + 1, b + 1, _CHUNK):  # chunks: the GIL can change hands in between
@@ -280,9 +279,10 @@ def _assemble(
             continue
         cid, entry, i = step
         raw = cid.encode("ascii")
-        values = (entry.created_at, entry.last_appended_at, entry.log_size, entry.next_seq)
-        for column, codec, value in zip(columns, _COLUMNS, values, strict=True):
-            column.append(codec.pack(value))
+        created.append(entry.created_at)
+        last.append(entry.last_appended_at)
+        size.append(entry.log_size)
+        next_seq.append(entry.next_seq)
         ids.append(raw)
         total += len(raw)
         offsets.append(total)
@@ -303,7 +303,7 @@ def _assemble(
             _close_holes(slots, base, erased, lambda v: id_bytes[offsets[v - 1] : offsets[v]])
         for raw, value in zip(added, new_ids, strict=True):
             _place(slots, raw, value)
-    packed = [b"".join(column) for column in columns] + [slots.tobytes()]
+    packed = [column.tobytes() for column in (*columns, slots)]
     return _file(count, listed, sessions, offsets, id_bytes, packed)
 
 

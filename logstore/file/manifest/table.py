@@ -1,9 +1,10 @@
 """A site manifest's state in memory: the packed snapshot it loaded (``snapshot.Snapshot``) plus
 an overlay of the conversations changed since (journal records, this process's commits). Pure, no I/O.
 
-Why packed: a million conversations as a dict of objects and a sorted list of tuples took ~300 MB; the
-snapshot's columns take ~55 bytes a conversation, and the overlay only holds what the journals changed
-(bounded by compaction: a new snapshot becomes the new base, ``SiteManifest._rebase``).
+Why packed: a dict of objects and a sorted list of tuples per conversation took several times the memory
+of the snapshot's columns (figures: docs/PERFORMANCE.md, "Manifest compaction"), and the overlay only holds
+what the journals changed (bounded by compaction: a new snapshot becomes the new base,
+``SiteManifest.rebase``).
 
 Listing merges the base (already in listing order, skipping conversations the overlay replaced) with the
 overlay's own sorted keys: a page is O(log n + limit + skipped), where skipped base entries are those the
@@ -32,7 +33,7 @@ class ManifestTable:
         # the last page; ``_stale`` holds what changed since: cid -> the key ``_order`` still has for it
         # (None: none). Brought up to date by ``_ordered`` when a page is read, so a conversation that
         # takes many commits between two listings costs one dict write per commit, not a SortedList
-        # remove + insert (1.8 -> ~0.6 us per ``apply``, the listing order is the same).
+        # remove + insert (docs/PERFORMANCE.md, "Manifest compaction"; the listing order is the same).
         self._stale: dict[str, tuple[int, str] | None] = {}
 
     def get(self, conversation_id: str) -> Entry | None:
