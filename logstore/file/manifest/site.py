@@ -52,8 +52,11 @@ from .table import ManifestTable
 __all__ = ["SiteManifest", "COMPACT_THRESHOLD", "COMPACT_RATIO"]
 
 log = logging.getLogger("logstore")
-COMPACT_THRESHOLD = 4 * 1024 * 1024  # journal bytes before a compaction is due, at least (figures:
-COMPACT_RATIO = 8  # and at least the snapshot's size / this                  docs/PERFORMANCE.md)
+# A compaction is due past max(COMPACT_THRESHOLD, snapshot bytes / COMPACT_RATIO) of journal: the first
+# keeps small sites from compacting often, the second bounds the journal a load replays and the overlay
+# in memory to a share of the snapshot (docs/PERFORMANCE.md, "Manifest compaction at scale").
+COMPACT_THRESHOLD = 4 * 1024 * 1024
+COMPACT_RATIO = 8
 
 
 class SiteManifest(SweepSide):

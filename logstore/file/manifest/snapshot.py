@@ -186,7 +186,7 @@ def merge_snapshot(
     equal entry for entry and in listing order to ``encode_snapshot`` of the merged entries, in time
     proportional to the changes plus a copy of the base: its sorted runs are copied as they are between
     the changed entries, and its slot table is kept, renumbered, while the slot count stays the same
-    (docs/PERFORMANCE.md, "Manifest compaction")."""
+    (docs/PERFORMANCE.md, "Manifest compaction at scale")."""
     if not _NATIVE:  # the columns are byte-swapped copies: write them the plain way
         merged = dict(base.items())
         for cid, entry in changes:

@@ -2,8 +2,8 @@
 an overlay of the conversations changed since (journal records, this process's commits). Pure, no I/O.
 
 Why packed: a dict of objects and a sorted list of tuples per conversation took several times the memory
-of the snapshot's columns (figures: docs/PERFORMANCE.md, "Manifest compaction"), and the overlay only holds
-what the journals changed (bounded by compaction: a new snapshot becomes the new base,
+of the snapshot's columns (figures: docs/PERFORMANCE.md, "Manifest compaction at scale"), and the overlay
+only holds what the journals changed (bounded by compaction: a new snapshot becomes the new base,
 ``SiteManifest.rebase``).
 
 Listing merges the base (already in listing order, skipping conversations the overlay replaced) with the
@@ -33,7 +33,8 @@ class ManifestTable:
         # the last page; ``_stale`` holds what changed since: cid -> the key ``_order`` still has for it
         # (None: none). Brought up to date by ``_ordered`` when a page is read, so a conversation that
         # takes many commits between two listings costs one dict write per commit, not a SortedList
-        # remove + insert (docs/PERFORMANCE.md, "Manifest compaction"; the listing order is the same).
+        # remove + insert (figures: docs/PERFORMANCE.md, "Manifest compaction at scale"; the listing order
+        # is the same).
         self._stale: dict[str, tuple[int, str] | None] = {}
 
     def get(self, conversation_id: str) -> Entry | None:
