@@ -159,7 +159,7 @@ class SiteManifest(SweepSide):
             size = self._journal.append(self, data, sync=sync)
         except OSError as exc:
             raise self._io_error("write", exc) from exc
-        if size > self._compact_at():
+        if size > COMPACT_THRESHOLD and size > self._snapshot_bytes // COMPACT_RATIO:  # _compact_at()
             self._compactor.schedule()
 
     def _append_record(self, cid: str, entry: Entry, *, sync: bool = False) -> None:

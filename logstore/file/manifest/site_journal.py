@@ -173,8 +173,6 @@ class SiteJournal:
         """The descriptor records go to: the newest journal, found by listing and confirmed by listing
         again once open (opened as a compaction started the next one, it would be stale at once). A
         journal that may end in torn bytes is rolled first."""
-        if self._fd is not None:
-            return self._fd
         self.ops.makedirs_durable(self.directory)
         for _ in range(RETRIES):
             self.catch_up(reader)
@@ -206,7 +204,7 @@ class SiteJournal:
         torn: the next append rolls to a new one."""
         try:
             for _ in range(RETRIES):
-                fd = self._open(reader)
+                fd = self._fd if self._fd is not None else self._open(reader)
                 try:
                     self.ops.append(fd, data)
                     held = self.ops.ident(fd)
