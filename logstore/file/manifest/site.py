@@ -56,7 +56,7 @@ log = logging.getLogger("logstore")
 # keeps small sites from compacting often, the second bounds the journal a load replays and the overlay
 # in memory to a share of the snapshot (docs/PERFORMANCE.md, "Manifest compaction at scale").
 COMPACT_THRESHOLD = 4 * 1024 * 1024
-COMPACT_RATIO = 8
+COMPACT_RATIO = 16
 
 
 class SiteManifest(SweepSide):
