@@ -9,6 +9,8 @@ SIGKILLed; a fresh process times ``Store(...)`` + the first page (served while t
 reconciliation runs), checks that page (every acknowledged append is there, in order), then waits for the
 reconciliation and reports how long it took, and checks the streamed conversation's listing against its log.
 
+P5-cpu (``listing_cpu``): CPU per append in place on that site, after the clean runs.
+
 ``--before REF`` measures the same sizes with the code of git ref REF too (its own builder and its own
 measuring process, from ``git archive REF``): same run, same machine.
 
@@ -33,6 +35,7 @@ import time
 
 from .builder import BuildInfo, build_site, expected_payloads
 from .config import scratch_dir
+from .listing_cpu import cpu_in_place, cpu_ratio_rows, cpu_rows, json_of_process
 from .stats import Goal, Row, fig, p50, paired_ratio, peak_rss_mb, rss_mb
 
 __all__ = ["measure_listing", "measure_in_process", "main"]
@@ -163,17 +166,8 @@ def _run_measure(data_dir: str, calls: int, info: BuildInfo, *, root: str | None
 
 
 def _in_fresh_process(args: list[str], expect: dict, *, root: str | None = None) -> dict:
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.listing", *args],
-        input=json.dumps(expect),
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=root or _ROOT,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"listing measure failed: {proc.stderr[-2000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    argv = ["-m", "bench.listing", *args]
+    return json_of_process(argv, json.dumps(expect), cwd=root or _ROOT, what="listing measure")
 
 
 def _built(data_dir: str, n: int, jobs: int, with_index: bool) -> BuildInfo:
@@ -227,6 +221,8 @@ def _measure_size(
     *,
     before: tuple[str, str, BuildInfo] | None = None,
     before_name: str = "",
+    cpu_runs: int = 0,
+    cpu_cap: int = 2_000_000,
 ) -> list[Row]:
     info = _built(data_dir, n, jobs, with_index)
     results, baseline = [], []
@@ -235,9 +231,15 @@ def _measure_size(
         if before is not None:
             src, bdata, binfo = before
             baseline.append(_run_measure(bdata, calls, binfo, root=src))
-    crashes = []
-    with open(os.path.join(data_dir, _CRASHED), "w"):
+    with open(os.path.join(data_dir, _CRASHED), "w"):  # the appends below change the site
         pass
+    cpu, cpu_before = [], []
+    for _ in range(cpu_runs):  # alternating, after the clean runs
+        cpu.append(cpu_in_place(data_dir, info, SITE, cap=cpu_cap))
+        if before is not None:
+            src, bdata, binfo = before
+            cpu_before.append(cpu_in_place(bdata, binfo, SITE, root=src, cap=cpu_cap))
+    crashes = []
     for run in range(runs):  # after the clean runs: these leave journals behind
         expect = _crash_writer(data_dir, info, run)
         crashes.append(_in_fresh_process(["--measure-crash", data_dir], expect))
@@ -260,7 +262,8 @@ def _measure_size(
             "note": "; ".join(x for x in (note, ratio_note) if x),
         }
 
-    return [
+    cpu_row = cpu_rows(cpu, cpu_before, label, before_name)
+    return cpu_row + [
         Row(
             "P5",
             f"list_conversations(50) p50, {label}",
@@ -317,11 +320,12 @@ def measure_listing(
     data_dir: str | None = None,
     with_index: bool = False,
     before_ref: str | None = None,
+    cpu_runs: int = 0,
 ) -> list[Row]:
     """P5 and P5-crash rows for each size. With ``data_dir`` the built sites are kept there (and reused
     next time); otherwise they are built in a scratch dir and deleted. Sites of 500k+ get at most 3 runs
     (each open is a fresh process reading the whole manifest). ``before_ref``: also measure P5 with that
-    git ref's code, as the rows' baseline."""
+    git ref's code, as the rows' baseline. ``cpu_runs``: P5-cpu runs per size (0: none)."""
     rows = []
     for n in sizes:
         n_runs = runs if n < 500_000 else min(runs, 3)
@@ -331,9 +335,10 @@ def measure_listing(
             with scratch_dir(tmp_root, f"listing-{n}") as scratch:
                 where = os.path.join(data_dir, f"site-{n}") if data_dir is not None else scratch
                 rows += _measure_size(
-                    where, n, n_runs, calls, jobs, with_index, before=before, before_name=name
-                )
-    return rows
+                    where, n, n_runs, calls, jobs, with_index, before=before, before_name=name,
+                    cpu_runs=cpu_runs,
+                )  # fmt: skip
+    return rows + cpu_ratio_rows(rows)
 
 
 def _short_commit(ref: str) -> str:
@@ -351,6 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", help="keep the built sites here and reuse them on later runs")
     parser.add_argument("--with-index", action="store_true", help="also write each conversation's .idx")
     parser.add_argument("--before", metavar="REF", help="also measure P5 with this git ref's code (baseline)")
+    parser.add_argument("--cpu-runs", type=int, default=1, help="P5-cpu runs per size (0: skip it)")
     parser.add_argument("--measure", metavar="DATA_DIR", help=argparse.SUPPRESS)
     parser.add_argument("--measure-crash", metavar="DATA_DIR", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -372,6 +378,7 @@ def main(argv: list[str] | None = None) -> int:
         data_dir=args.data_dir,
         with_index=args.with_index,
         before_ref=args.before,
+        cpu_runs=args.cpu_runs,
     )
     print(format_table(rows))
     return 1 if any("FAILED" in r.note for r in rows) else 0

@@ -81,6 +81,37 @@ def test_damaged_journal_record_is_reconciled(data_dir):
         assert all_pages(store, SITE, 3) == want
 
 
+def test_a_compaction_is_due_past_a_threshold_that_grows_with_the_snapshot_and_not_again_after_it(
+    data_dir, monkeypatch
+):
+    """The compactor thread's check (``_compact_if_due``): due once the journal is past max(floor,
+    snapshot / COMPACT_RATIO), so the cost of compacting per record stays bounded at any site size; and
+    not again right after, although appends that saw the old journal past it asked the thread once more
+    (it folded a fresh journal each time: a second whole-snapshot rewrite per cycle)."""
+    with Store(data_dir) as store:
+        for n in range(200):
+            store.append(SITE, f"due-{n:05d}", [{"n": n}])
+        manifest = store._manifest(SITE)
+        monkeypatch.setattr(manifest._compactor, "schedule", lambda: None)  # this test runs the check
+        assert manifest.compact()
+        mdir = os.path.join(data_dir, "sites", SITE, "manifest")
+        (snapshot,) = [n for n in os.listdir(mdir) if n.startswith("snapshot.")]
+        due_at = os.path.getsize(os.path.join(mdir, snapshot)) // manifest_mod.COMPACT_RATIO
+        monkeypatch.setattr(manifest_mod, "COMPACT_THRESHOLD", due_at // 4)  # the snapshot's share rules
+
+        def journal_size() -> int:
+            return sum(os.path.getsize(f) for f in _journal_files(data_dir))
+
+        n = 0
+        while journal_size() <= due_at:
+            assert not manifest._compact_if_due(), f"due at {journal_size()} bytes of journal, not {due_at}"
+            store.append(SITE, f"due-{n % 200:05d}", [{"again": n}])
+            n += 1
+        assert manifest._compact_if_due()
+        assert journal_size() == 0 and not manifest._compact_if_due()
+        assert len([n for n in os.listdir(mdir) if n.startswith("snapshot.")]) == 1
+
+
 def test_compaction_folds_journal_into_snapshot(data_dir, monkeypatch):
     monkeypatch.setattr(manifest_mod, "COMPACT_THRESHOLD", 2_000)
     with Store(data_dir) as store:

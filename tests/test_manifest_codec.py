@@ -21,7 +21,13 @@ from logstore.file.manifest.codec import (
     erased_entry,
     first_gap,
 )
-from logstore.file.manifest.snapshot import MAGIC_V1, decode_snapshot, encode_snapshot, listing_key
+from logstore.file.manifest.snapshot import (
+    MAGIC_V1,
+    decode_snapshot,
+    encode_snapshot,
+    listing_key,
+    merge_snapshot,
+)
 from logstore.file.manifest.table import ManifestTable
 
 SESSION = Session(b"\x01" * 16, 4242, 987654, 2**63 + 5)
@@ -148,3 +154,65 @@ def _merged_model(current: Entry | None, record: Entry) -> Entry | None:
         return current
     created = current.created_at if record.created_at < 0 else record.created_at
     return Entry(created, record.last_appended_at, record.log_size, record.next_seq)
+
+
+def _changes(model: dict[str, Entry], n: int, rng: random.Random) -> dict[str, Entry | None]:
+    """``n`` changes to ``model``: updates (listed or not, ties on the instant), erasures, new ids."""
+    out: dict[str, Entry | None] = {}
+    ids = list(model)
+    for step in range(n):
+        cid = rng.choice(ids) if ids and rng.random() < 0.6 else f"conv-{rng.randrange(10**8):08d}-n{step}"
+        kind = rng.random()
+        if kind < 0.15:
+            out[cid] = None
+        elif kind < 0.25:
+            out[cid] = Entry(-1, -1, 0, 0)
+        else:
+            last = rng.randrange(1_000, 1_060)  # ties with the base's instants and among themselves
+            out[cid] = Entry(last - 7, last, rng.randrange(2**40), rng.randrange(1, 9))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_merged_snapshot_equals_the_snapshot_encoded_afresh(seed):
+    """``merge_snapshot`` (what a compaction writes) against ``encode_snapshot`` of the merged entries:
+    the same entries in the same order, every id found through the kept and renumbered slot table (holes
+    left by erasures closed), nothing erased found, the sessions kept."""
+    rng = random.Random(seed)
+    model = _entries(rng.choice([0, 1, 7, 40, 300]), rng)
+    base = decode_snapshot(encode_snapshot(model.items()))
+    assert base is not None
+    changes = _changes(model, rng.choice([0, 1, 5, 30, 200]), rng)
+    want = dict(model)
+    for cid, entry in changes.items():
+        if entry is None:
+            want.pop(cid, None)
+        else:
+            want[cid] = entry
+    merged = decode_snapshot(merge_snapshot(base, changes.items(), [SESSION]))
+    fresh = decode_snapshot(encode_snapshot(want.items(), [SESSION]))
+    assert merged is not None and fresh is not None
+    assert list(merged.items()) == list(fresh.items())
+    assert (merged.count, merged.listed, merged.sessions) == (fresh.count, fresh.listed, fresh.sessions)
+    for cid, entry in want.items():
+        assert merged.get(cid) == entry
+    for cid, entry in changes.items():
+        if entry is None:
+            assert merged.find(cid) is None
+
+
+def test_a_merge_keeps_the_slot_table_and_a_merge_past_its_size_rebuilds_it():
+    """Same slot count: only renumbered (a merge that only changes entries in place keeps every slot
+    where it was); past the size's power of two: a table of the new size, every id found."""
+    rng = random.Random(7)
+    model = {f"conv-{i:08d}": Entry(i, 2_000 + i, 10, 1) for i in range(100)}  # 256 slots
+    base = decode_snapshot(encode_snapshot(model.items()))
+    assert base is not None
+    update = {cid: Entry(e.created_at, e.last_appended_at + 10_000, 20, 2) for cid, e in model.items()}
+    moved = decode_snapshot(merge_snapshot(base, rng.sample(sorted(update.items()), 10)))
+    assert moved is not None and len(moved.slots) == len(base.slots)
+    assert [moved.slots[s] == 0 for s in range(len(base.slots))] == [v == 0 for v in base.slots]
+    grown = {f"conv-new-{i:04d}": Entry(1, 1, 1, 1) for i in range(60)}
+    bigger = decode_snapshot(merge_snapshot(base, grown.items()))
+    assert bigger is not None and len(bigger.slots) == 2 * len(base.slots)
+    assert all(bigger.get(cid) == entry for cid, entry in {**model, **grown}.items())

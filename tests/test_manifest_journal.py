@@ -103,3 +103,66 @@ def test_compactions_failing_on_a_full_disk_do_not_pile_up_generations(data_dir)
         assert _listed(store) == oracle
     with Store(str(data_dir)) as fresh:
         assert _listed(fresh) == oracle
+
+
+class ManifestCalls(FileOps):
+    """Real file operations, with every call that touches the manifest directory noted (by what it
+    names: a path, or the path a descriptor was opened at)."""
+
+    def __init__(self, directory: str) -> None:
+        self._directory = directory
+        self._paths: dict[int, str] = {}
+        self.calls: list[tuple[str, str]] = []
+
+    def _note(self, what: str, path: str) -> None:
+        if path.startswith(self._directory):
+            self.calls.append((what, os.path.basename(path)))
+
+    def open(self, path, flags, mode=0o600):
+        fd = super().open(path, flags, mode)
+        self._paths[fd] = path
+        self._note("open", path)
+        return fd
+
+    def append(self, fd, data):
+        self._note("append", self._paths.get(fd, ""))
+        super().append(fd, data)
+
+    def ident(self, fd):
+        self._note("ident", self._paths.get(fd, ""))
+        return super().ident(fd)
+
+    def ident_at(self, path):
+        self._note("ident_at", path)
+        return super().ident_at(path)
+
+    def exists(self, path):
+        self._note("exists", path)
+        return super().exists(path)
+
+    def stat_size(self, path):
+        self._note("stat_size", path)
+        return super().stat_size(path)
+
+    def listdir(self, path):
+        self._note("listdir", path)
+        return super().listdir(path)
+
+    def fdatasync(self, fd):
+        self._note("fdatasync", self._paths.get(fd, ""))
+        super().fdatasync(fd)
+
+
+def test_a_steady_append_costs_the_manifest_one_write_and_one_statx_of_the_held_journal(data_dir):
+    """Issue 35: no probe for a newer journal by path on the steady path (it used to ``access()``
+    journal.<N+1>, failing with ENOENT every time). The seal answers "still current?" from the
+    descriptor; listing happens only when the descriptor says sealed or deleted (the tests above)."""
+    ops = ManifestCalls(_mdir(data_dir))
+    with Store(str(data_dir), file_ops=ops) as store:
+        for n in range(3):
+            store.append(SITE, "conv-steady-01", [{"n": n}])
+        ops.calls.clear()
+        for n in range(10):
+            store.append(SITE, "conv-steady-01", [{"n": n}])
+        (name,) = [n for n in os.listdir(_mdir(data_dir)) if n.startswith("journal.")]
+        assert ops.calls == [("append", name), ("ident", name)] * 10

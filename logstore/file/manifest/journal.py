@@ -27,7 +27,6 @@ from .. import layout
 from ..fileio import FILE_MODE, FileOps
 from ..statx import Ident
 from .codec import generations
-from .snapshot import encode_snapshot
 from .state import DiskState
 
 __all__ = ["fold", "roll", "open_current", "stale", "seal"]
@@ -126,9 +125,7 @@ def fold(ops: FileOps, directory: str, gen: int, read: Callable[[int, list[int]]
     folded = [g for g in found.journals if base <= g < new]
     seal(ops, directory, folded)
     state = read(base, folded)
-    ops.atomic_write(layout.manifest_file(directory, "snapshot", new), encode_snapshot(
-        state.table.items(), state.sessions
-    ))  # fmt: skip
+    ops.atomic_write(layout.manifest_file(directory, "snapshot", new), state.table.packed(state.sessions))
     del state
     for kind, gens in (("snapshot", found.snapshots), ("journal", found.journals)):
         for old in gens:

@@ -28,6 +28,7 @@ class DiskState:
     marked: bool = False  # written by this format: a v2 snapshot, or a session mark in a journal
     pos: int = 0  # end of the last record decoded in the last journal
     torn: bool = False  # the last journal ends in bytes that are no record: a torn tail (or one in flight)
+    snapshot_bytes: int = 0  # the size of the snapshot file read
 
 
 def read_state(
@@ -50,7 +51,9 @@ def read_state(
     state = DiskState()
     if base:
         path = layout.manifest_file(directory, "snapshot", base)
-        snapshot = decode_snapshot(_read(ops, path))
+        data = _read(ops, path)
+        state.snapshot_bytes = len(data)
+        snapshot = decode_snapshot(data)
         if snapshot is None:
             log.warning("manifest snapshot %s damaged; the logs will be rescanned", path)
             state.damaged = True

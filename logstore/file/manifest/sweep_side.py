@@ -1,6 +1,6 @@
 """The index's side of the crash sweep: what ``reconcile.Reconciliation`` calls back into
 (``reconcile.SweptIndex``) and what the store asks of it while it runs. A base class of ``SiteManifest``
-(``site``), apart for the module size only: it owns no state; the attributes and the three journal methods
+(``site``), apart for the module size only: it owns no state; the attributes and the four methods
 below are ``SiteManifest``'s."""
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from collections.abc import Callable, Iterator
 from ..fileio import FileOps
 from ..log.conversation import CommitInfo
 from .codec import MARK_CLOSE, Entry, Session, encode_mark, erased_entry
-from .compaction import Compactor
 from .reconcile import Reconciliation
 from .table import ManifestTable
 
@@ -30,7 +29,6 @@ class SweepSide:
     _damaged: bool
     _closed: bool
     _reconciliation: Reconciliation | None
-    _compactor: Compactor
 
     def begin_writes(self) -> None:
         raise NotImplementedError
@@ -39,6 +37,9 @@ class SweepSide:
         raise NotImplementedError
 
     def _append_logged(self, cid: str, entry: Entry) -> None:
+        raise NotImplementedError
+
+    def _fold_soon(self) -> None:
         raise NotImplementedError
 
     @property
@@ -95,5 +96,5 @@ class SweepSide:
             self._sessions -= dead
             if self._damaged:  # reported at load, reconciled from the logs: now fold the damage away
                 self._damaged = False
-                self._compactor.schedule()
+                self._fold_soon()
         log.info("manifest for site %s reconciled with its logs", self.site)

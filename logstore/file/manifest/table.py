@@ -1,9 +1,10 @@
 """A site manifest's state in memory: the packed snapshot it loaded (``snapshot.Snapshot``) plus
 an overlay of the conversations changed since (journal records, this process's commits). Pure, no I/O.
 
-Why packed: a million conversations as a dict of objects and a sorted list of tuples took ~300 MB; the
-snapshot's columns take ~55 bytes a conversation, and the overlay only holds what the journals changed
-(bounded by compaction: a new snapshot becomes the new base, ``SiteManifest._rebase``).
+Why packed: a dict of objects and a sorted list of tuples per conversation took several times the memory
+of the snapshot's columns (figures: docs/PERFORMANCE.md, "Manifest compaction at scale"), and the overlay
+only holds what the journals changed (bounded by compaction: a new snapshot becomes the new base,
+``SiteManifest.rebase``).
 
 Listing merges the base (already in listing order, skipping conversations the overlay replaced) with the
 overlay's own sorted keys: a page is O(log n + limit + skipped), where skipped base entries are those the
@@ -12,12 +13,12 @@ overlay replaced and that sort between the cursor and the page's end.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from sortedcontainers import SortedList
 
-from .codec import ERASED, Entry, erased_entry, merged
-from .snapshot import EMPTY, Snapshot, listing_key
+from .codec import ERASED, Entry, Session, erased_entry, merged
+from .snapshot import EMPTY, Snapshot, listing_key, merge_snapshot
 
 __all__ = ["ManifestTable"]
 
@@ -32,7 +33,8 @@ class ManifestTable:
         # the last page; ``_stale`` holds what changed since: cid -> the key ``_order`` still has for it
         # (None: none). Brought up to date by ``_ordered`` when a page is read, so a conversation that
         # takes many commits between two listings costs one dict write per commit, not a SortedList
-        # remove + insert (1.8 -> ~0.6 us per ``apply``, the listing order is the same).
+        # remove + insert (figures: docs/PERFORMANCE.md, "Manifest compaction at scale"; the listing order
+        # is the same).
         self._stale: dict[str, tuple[int, str] | None] = {}
 
     def get(self, conversation_id: str) -> Entry | None:
@@ -101,6 +103,12 @@ class ManifestTable:
         for cid, entry in over.items():
             if entry.created_at != ERASED:
                 yield cid, entry
+
+    def packed(self, sessions: Iterable[Session]) -> bytes:
+        """This state as a snapshot file: the base's bytes copied with the overlay merged in
+        (``snapshot.merge_snapshot``), not every entry sorted and encoded again."""
+        changes = ((cid, None if e.created_at == ERASED else e) for cid, e in self._over.items())
+        return merge_snapshot(self.base, changes, sessions)
 
     def page(self, after: tuple[int, str] | None, limit: int) -> tuple[list[tuple[str, int, int]], bool]:
         """Up to ``limit`` listed conversations whose key sorts after ``after`` (None: from the top), in
