@@ -61,19 +61,22 @@ def engine_run(
     shared: bool = False,
     prefix: str = "",
     start_at: float | None = None,
+    on_start: Callable[[], None] | None = None,
+    site: str = SITE,
 ) -> tuple[int, float]:
     """(batches, seconds) of ``engine_appends``. ``prefix`` keeps the conversations of writer processes
     apart; ``start_at`` (``time.time()``) holds the timed start until then, so that processes start
-    together."""
+    together; ``on_start`` runs at the timed start (to read CPU clocks over the timed window only); ``site``:
+    where the conversations go (one manifest journal per site)."""
     _run_counter[0] += 1
     tag = f"{prefix}run{_run_counter[0]:05d}"
     common = _Rotator(f"{tag}-shared", len(items))
 
     def setup(i: int) -> Callable[[], object]:
         rot = common if shared else _Rotator(f"{tag}-w{i:02d}", len(items))
-        store.append(SITE, rot.reserve(), items)  # untimed: creates the conversation
+        store.append(site, rot.reserve(), items)  # untimed: creates the conversation
         if start_at is not None:
             time.sleep(max(0.0, start_at - time.time()))
-        return lambda: store.append(SITE, rot.reserve(), items)
+        return lambda: store.append(site, rot.reserve(), items)
 
-    return run_threads(threads, setup, duration)
+    return run_threads(threads, setup, duration, on_start=on_start)

@@ -88,3 +88,18 @@ def test_stat_fdatasync_experiment_runs(tmp_path: Path) -> None:
     assert os.listdir(tmp_path) == []
     assert main(["--writes", "2", "--rounds", "1", "--dir", str(tmp_path)]) == 0
     assert os.listdir(tmp_path) == []
+
+
+def test_writer_shapes_runs(tmp_path: Path, capsys) -> None:
+    """``python -m bench.writer_shapes`` (P2's shapes with CPU and switches per append): a round of the
+    one-writer shape and raw prints both rows, each with a positive CPU per append, and leaves nothing
+    behind. Figures are not checked."""
+    from bench.writer_shapes import main
+
+    main(["--duration", "0.2", "--rounds", "1", "--shapes", "1x1", "--dir", str(tmp_path)])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("round 0")]
+    assert [line.split()[4].rstrip(":") for line in rows] == ["1x1", "raw"]
+    for line in rows:
+        cpu = float(line.split("CPU/append")[1].split()[0])
+        assert cpu > 0
+    assert os.listdir(tmp_path) == []

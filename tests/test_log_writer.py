@@ -12,6 +12,7 @@ import pytest
 
 from logstore.core.errors import ConversationFull
 from logstore.core.limits import MAX_CONVERSATION_ITEMS
+from logstore.file.durable_dirs import DurableDirs
 from logstore.file.fileio import FileOps
 from logstore.file.log.group_commit import AppendRequest
 from logstore.file.log.index_codec import encode_entry
@@ -87,7 +88,8 @@ def test_write_group_carries_every_field_it_does_not_set():
     encoded = encode_group([_req()], next_seq=9, write_start=500, now=20, last_at=None, version=2)
     assert encoded is not None
     ops = _NoSync()
-    after = write_group(ops, 3, state, encoded, chunk=0, directory="/nonexistent").state
+    dirs = DurableDirs(ops)
+    after = write_group(ops, 3, state, encoded, chunk=0, dirs=dirs, directory="/nonexistent").state
     for f in dataclasses.fields(LogState):
         if f.name not in _SET_BY_COMMIT:
             assert getattr(after, f.name) is getattr(state, f.name), f.name

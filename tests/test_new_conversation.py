@@ -205,3 +205,43 @@ def test_regression_failed_first_write_whose_cleanup_failed_is_cut(tmp_path):
         assert [i.payload for i in store.replay(SITE, cid, 0, 10)] == [{"n": 1, "try": 2}]
     with Store(str(tmp_path / "data"), file_ops=NO_SYNC_OPS) as store:
         assert [i.payload for i in store.replay(SITE, cid, 0, 10)] == [{"n": 1, "try": 2}]
+
+
+class _Died(BaseException):
+    """A process's death at a crash point: nothing after it runs (not an ``OSError``: no poisoning)."""
+
+
+def test_regression_frames_of_a_creator_that_died_before_its_entry_was_durable(tmp_path):
+    """A process created a log and wrote its first frame (fdatasynced), then died before the directory
+    fsync that makes the log's entry durable. Another process took that frame in under the lock and
+    acknowledged its own append on top: an append at a non-zero offset, so no directory fsync, and a
+    power loss took the log's entry and the acknowledged batch with it."""
+    root = str(tmp_path)
+    data = os.path.join(root, "data")
+    cid = "conv-dead-creator"
+    paths = conversation_paths(data, SITE, cid)
+    fs = FaultFS(root)
+    fs.log = []
+
+    def die_before_the_entry_fsync(fs: FaultFS, point: int) -> None:
+        assert fs.log is not None
+        call = fs.log[-1]
+        if call.name == "fsync_dir" and call.path == paths.directory:
+            raise _Died
+
+    dead = Store(data, file_ops=fs)
+    try:
+        dead.list_conversations(SITE)  # the site and its manifest exist, durably
+        fs.crash_hook = die_before_the_entry_fsync
+        with pytest.raises(_Died):
+            dead.append(SITE, cid, [{"by": "dead"}])
+        fs.crash_hook = None
+        assert fs.unsynced() > 0  # the log's entry is still up in the air
+        with Store(data, file_ops=fs) as taker:  # another process (its own lock owner)
+            got = taker.append(SITE, cid, [{"by": "taker"}])
+            assert got.first == 1  # the dead creator's frame was taken in
+            served = [item.payload for item in taker.replay(SITE, cid, 0, 100)]
+        assert served == [{"by": "dead"}, {"by": "taker"}]
+        assert _crash_and_read(fs, cid) == served  # acknowledged, and served: durable
+    finally:
+        dead.close()

@@ -1,18 +1,23 @@
 """Which directories this process has proven durable: the fan-out directories a new log goes into.
 
-A new log's directory entry is made durable by its first commit (``writer.write_group``'s directory
-fsync), but that says nothing about the directory's own entry in its parent, nor its parent's: a
-directory that exists may have been made by an attempt, or a process, that died before fsyncing its
-parent (``FileOps.makedirs_durable``). Until issue 35 a conversation's first commit trusted any fan-out
-directory that existed (a hole: a process killed between its ``mkdir`` and its parent's fsync, then a
-power loss after another process acknowledged a log in that directory, lost the log), and
-``makedirs_durable`` paid one extra fsync on every call, proven or not.
+A new log's directory entry is made durable before its first frames are vouched for (``log_entry``:
+by its first commit, ``writer.write_group``, or by a recovery that takes in a dead writer's first
+frames, ``LogFiles.load_locked``), but that says nothing about the directory's own entry in its parent,
+nor its parent's: a directory that exists may have been made by an attempt, or a process, that died
+before fsyncing its parent (``FileOps.makedirs_durable``). Until issue 35 a conversation's first commit
+trusted any fan-out directory that existed (a hole: a process killed between its ``mkdir`` and its
+parent's fsync, then a power loss after another process acknowledged a log in that directory, lost the
+log), and ``makedirs_durable`` paid one extra fsync on every call, proven or not.
 
 Rule: before a log is created in a directory (and so before the manifest's creation record of it, which
 fsck and the reconciliation then expect to find a directory for), the directory is in ``DurableDirs``:
 this process made its entry durable (fsynced its parent after making it or finding it:
 ``makedirs_durable``, which adds what it proves). A log created by another process that died before
-its first commit gets the same proof at its first commit here (``prove``). Then:
+its first commit gets the same proof at its first commit here (``prove``), and so does one whose
+creator died after writing frames but before their entry's fsync, when a recovery here takes them in
+(``log_entry``; until issue 35 that recovery vouched for them without it, and an append acknowledged on
+top, at a non-zero offset and so with no directory fsync, was lost with the log's entry at a power
+loss). Then:
 - a new conversation in a directory already proven costs no directory work but its own entry's fsync;
 - in a new fan-out directory under a proven parent: ``mkdir`` and one fsync of the parent (the extra
   fsync of the deepest existing level is skipped: that level is proven);
@@ -63,6 +68,14 @@ class DurableDirs:
         if path not in self._proven:
             self._ops.fsync_dir(os.path.dirname(path))
             self._proven.add(path)
+
+    def log_entry(self, directory: str) -> None:
+        """A log in ``directory`` is about to have its first frames vouched for: by its first commit, or by
+        a recovery taking in frames from byte 0 that no record of this boot vouched for (their writer may
+        have died before this very fsync). Makes the log's entry durable (fsync of ``directory``), then the
+        directory's own (``prove``). Raises ``OSError``."""
+        self._ops.fsync_dir(directory)
+        self.prove(directory)
 
     def forget(self) -> None:
         """A directory was found gone (a purge): prove everything again from here on."""

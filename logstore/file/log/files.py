@@ -55,7 +55,7 @@ class LogFiles:
     ) -> None:
         self.ops, self.paths = ops, paths
         self._io_lock, self._file_lock = io_lock, file_lock  # the owner's, for ``held.holds`` (or None)
-        self._dirs = dirs  # proven before a first frame is acknowledged (``write``)
+        self._dirs = dirs  # proven before a first frame is vouched for (``write``, ``load_locked``)
         self._state_lock = threading.Lock()  # guards swapping ``_state`` and ``_generation``; brief
         self._fd_readers = ReaderGuard()
         self._generation = 0  # bumped whenever descriptors are closed or state is rebuilt
@@ -296,6 +296,8 @@ class LogFiles:
                 # Frames a writer left without a record (it crashed between its write and its record,
                 # or before its fdatasync): durable first, then vouched for. The index waits for this too.
                 self.ops.fdatasync(fd)
+                if vouched == 0:  # its first frames: their writer may have died before their entry's fsync
+                    self._dirs.log_entry(self.paths.directory)
             record = encode(
                 CommitPoint(boot.boot_id(), epoch, self._ino, state.end, state.next_seq, state.corrupt)
             )
@@ -328,7 +330,8 @@ class LogFiles:
         """Create the log (there is none: ``has_log`` is False after a refresh) and load it as new, with
         no scan. Caller holds the file lock and the I/O lock, and has made the manifest's record of it
         durable first (manifest ⊇ logs). The log's entry and its directory's (``durable_dirs``) are made
-        durable by its first commit (``write``), also for a log an attempt left before syncing them.
+        durable by its first commit (``write``), also for a log an attempt left before syncing them, or by
+        the recovery that takes in the first frames of a writer that died before syncing them.
         Before the log exists, a record at 0 in the new state's epoch: it holds for any inode, so a
         reader that finds the log serves it empty without waiting for a creator that stalls (without it,
         test_torture_kill9's readers timed out behind SIGSTOPped creators), and a failed first write is
@@ -380,11 +383,10 @@ class LogFiles:
                 state,
                 encoded,
                 chunk=self._chunk,
+                dirs=self._dirs,
                 directory=self.paths.directory,
                 point=point,
             )
-            if encoded.write_start == 0:  # the first frame: its directory's own entry too (durable_dirs)
-                self._dirs.prove(self.paths.directory)
             pf.write(point)  # durable: the commit point moves, for everyone
         except OSError as exc:
             self.poison(encoded.data)

@@ -16,6 +16,7 @@ from typing import NamedTuple
 from ...core.batch import conversation_full
 from ...core.imported import import_refusal
 from ...core.limits import MAX_CONVERSATION_ITEMS
+from ..durable_dirs import DurableDirs
 from ..fileio import FileOps
 from .frame import encode_frame
 from .group_commit import AppendRequest
@@ -153,12 +154,14 @@ def write_group(
     encoded: EncodedGroup,
     *,
     chunk: int,
+    dirs: DurableDirs,
     directory: str,
     point: bytes = b"",
 ) -> Written:
     """Write ``encoded`` at the end of the log ``state`` describes: one ``pwrite``, one ``fdatasync``,
-    plus the directory fsync for a log's first frame (its entry must be durable before anything in it
-    is acknowledged; done here, not at creation, so a failed directory fsync is retried with the append).
+    plus, for a log's first frame, its entry in ``directory`` and the directory's own (``dirs.log_entry``:
+    durable before anything in it is acknowledged; done here, not at creation, so a failed directory
+    fsync is retried with the append).
     A v2 log that would pass its file's end grows by a zero-filled chunk in the same write
     (``tail``), unless the write is large (``UNPREALLOCATED_WRITE``): that one just extends the file.
     Raises ``OSError``: the caller poisons the handle, nothing is acknowledged."""
@@ -172,7 +175,7 @@ def write_group(
     ops.fdatasync(fd)
     fsync_seconds = time.perf_counter() - started
     if encoded.write_start == 0:
-        ops.fsync_dir(directory)
+        dirs.log_entry(directory)
     state.entries.extend(encoded.entries)  # past ``state.frames``: invisible until the new state is out
     # Every field, in order (``state_of``: neither dataclasses.replace nor the frozen __init__, whose
     # cost is in docs/PERFORMANCE.md; tests/test_log_writer.py checks that no field is dropped).
