@@ -49,7 +49,13 @@ def _newest_journal(data_dir) -> set[str]:
 
 
 def _in_subprocess(data_dir, body: str) -> None:
-    code = textwrap.dedent(
+    code = _subprocess_code(str(data_dir), body)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
+def _subprocess_code(data_dir: str, body: str) -> str:
+    return textwrap.dedent(
         f"""
         import os
         from logstore import Store
@@ -58,12 +64,10 @@ def _in_subprocess(data_dir, body: str) -> None:
         from logstore.file.fileio import OS_FILE_OPS
         from logstore.file.manifest import journal
         from logstore.file.manifest.codec import generations
-        data_dir, site = {str(data_dir)!r}, {SITE!r}
+        data_dir, site = {data_dir!r}, {SITE!r}
         mdir = layout.manifest_dir(data_dir, site)
         """
     ) + textwrap.dedent(body)
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
 
 
 def _roll_here(data_dir) -> None:
@@ -237,3 +241,54 @@ def _in_subprocess_killed(data_dir) -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == -9, done.stderr
+
+
+def test_the_removal_of_a_journal_open_current_created_is_fenced(data_dir):
+    """``open_current`` removes a journal it created once a listing shows a newer one; another process may
+    have opened and confirmed it in between (its listing came first), so the removal is fenced."""
+    mdir = _mdir(data_dir)
+    os.makedirs(mdir)
+    with fence.fencing(OS_FILE_OPS, mdir):
+        pass
+    open(layout.manifest_file(mdir, "journal", 2), "wb").close()
+    before = _shared_value(data_dir)
+    assert journal.open_current(OS_FILE_OPS, mdir, 1) is None
+    assert not os.path.exists(layout.manifest_file(mdir, "journal", 1))
+    assert _shared_value(data_dir) not in (None, before)
+
+
+APPENDER = """
+import sys
+with Store(data_dir) as store:
+    for n in range(int(sys.argv[2])):
+        cid = f"conv-{sys.argv[1]}-{n:04d}"
+        store.append(site, cid, [{"n": n}])
+        print(cid, flush=True)
+"""
+
+
+def test_appenders_in_subprocesses_beside_compactions_lose_no_listing(data_dir):
+    """Two processes create conversations (each acknowledged one printed) while this one compacts over
+    and over: a fresh load lists every acknowledged conversation (a record trusted into a folded journal
+    would be missing)."""
+    with Store(str(data_dir)) as store:
+        _trusting(store, "conv-fence-0000")
+        manifest = store._manifest(SITE)
+        code = _subprocess_code(str(data_dir), APPENDER)
+        procs = [
+            subprocess.Popen([sys.executable, "-c", code, name, "150"], stdout=subprocess.PIPE, text=True)
+            for name in ("aaaa", "bbbb")
+        ]
+        compactions = 0
+        while any(p.poll() is None for p in procs):
+            compactions += manifest.compact()
+            store.append(SITE, "conv-fence-0000", [{"n": compactions}])
+        acked = {"conv-fence-0000"}
+        for p in procs:
+            out, _ = p.communicate(timeout=120)
+            assert p.returncode == 0
+            acked |= set(out.split())
+        assert compactions > 1
+    assert len(acked) == 301
+    with Store(str(data_dir)) as fresh:
+        assert _listed(fresh) == acked
