@@ -45,6 +45,7 @@ from .fileio import OS_FILE_OPS, FileOps
 from .layout import ConversationPaths, conversation_paths
 from .locking import PathLock, held
 from .log.commit_point import PointFile, invalidate
+from .manifest.fence import withdraw
 from .manifest.site import SiteManifest
 
 __all__ = [
@@ -222,6 +223,9 @@ def purge_site(
         erased += erase_conversation(root, site, cid, file_ops=file_ops, lock_timeout=lock_timeout).had_log
     site_dir = layout.site_dir(root, site)
     if file_ops.exists(site_dir):
+        # Before any manifest file goes: no writer stands the fence's word for its journal any more
+        # (``manifest.fence``); the fence file itself is unlinked under its flock below, a lock file.
+        withdraw(file_ops, layout.manifest_dir(root, site))
         _remove_tree(file_ops, site_dir, lock_timeout)
         file_ops.fsync_dir(os.path.dirname(site_dir))
     return erased

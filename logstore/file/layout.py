@@ -44,6 +44,7 @@ __all__ = [
     "BACKUP_OF",
     "DATA_DIR_LOCK",
     "COMPACT_LOCK",
+    "MANIFEST_FENCE",
     "LOG_SUFFIX",
     "INDEX_SUFFIX",
     "LOCK_SUFFIX",
@@ -60,6 +61,7 @@ __all__ = [
     "site_dir",
     "conversations_dir",
     "manifest_dir",
+    "manifest_fence",
     "manifest_file",
     "parse_manifest_name",
     "secret_path",
@@ -88,6 +90,7 @@ BACKUP_MANIFEST = "backup_manifest.json"
 BACKUP_OF = "backup_of"  # a backup's mark, written before anything else and never removed
 DATA_DIR_LOCK = "data_dir.lock"  # file.data_dir_lock
 COMPACT_LOCK = "compact.lock"
+MANIFEST_FENCE = "fence.lock"  # manifest.fence: bumped before a journal is sealed or removed
 LOG_SUFFIX, INDEX_SUFFIX, LOCK_SUFFIX = ".log", ".idx", ".lock"
 ERASING_SUFFIX = ".erasing"  # an erasure in progress (file.erasure); holds no data
 CONVERSATION_SUFFIXES = (LOG_SUFFIX, INDEX_SUFFIX, LOCK_SUFFIX)
@@ -134,6 +137,11 @@ def conversations_dir(data_dir: str, site: str) -> str:
 
 def manifest_dir(data_dir: str, site: str) -> str:
     return os.path.join(data_dir, SITES, site, MANIFEST)
+
+
+def manifest_fence(directory: str) -> str:
+    """``<manifest dir>/fence.lock``: the journals' change counter (``manifest.fence``)."""
+    return os.path.join(directory, MANIFEST_FENCE)
 
 
 def manifest_file(directory: str, kind: str, gen: int) -> str:

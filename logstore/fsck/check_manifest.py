@@ -97,7 +97,7 @@ class ManifestView:
         for kind, gen in superseded:
             self._stray("orphan-file", self._path(kind, gen), f"superseded manifest {kind} (ignored)")
         for name in found.others:
-            stray = None if name == layout.COMPACT_LOCK else stray_kind(name)
+            stray = None if name in (layout.COMPACT_LOCK, layout.MANIFEST_FENCE) else stray_kind(name)
             if stray is not None:
                 self._stray(stray, os.path.join(self.directory, name), "not a manifest file (ignored)")
 

@@ -15,7 +15,9 @@ descriptor a process holds answers "is it still the current one?", with no path 
     no link        deleted (folded): the newest journal is found by listing, however many generations on
 
 A seal stays with its journal until the journal is deleted; a sealed journal with no newer one listed
-(an operator's chmod) is taken for current: listing decides."""
+(an operator's chmod) is taken for current: listing decides. Every seal, and the removal of a journal
+that was never sealed, is fenced first (``fence``): a writer that proved its journal current may stand
+the fence's unchanged counter for that ``statx``."""
 
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from .. import layout
 from ..fileio import FILE_MODE, FileOps
 from ..statx import Ident
 from .codec import generations
+from .fence import fencing
 from .state import DiskState
 
 __all__ = ["fold", "roll", "open_current", "stale", "seal"]
@@ -65,8 +68,9 @@ def open_current(ops: FileOps, directory: str, gen: int) -> int | None:
     if current:
         return fd
     ops.close(fd)
-    if created:
-        _unlink(ops, path)
+    if created:  # another process may have opened it and confirmed it (its listing came first): fence
+        with fencing(ops, directory):
+            _unlink(ops, path)
     return None
 
 
@@ -83,12 +87,14 @@ def _open_or_create(ops: FileOps, path: str) -> tuple[int, bool]:
 
 
 def seal(ops: FileOps, directory: str, gens: Iterable[int]) -> None:
-    """Seal each ``journal.<g>`` (module docstring). The newer journal must exist first."""
-    for gen in gens:
-        try:
-            ops.chmod(_journal(directory, gen), _SEALED)
-        except FileNotFoundError:
-            pass  # folded meanwhile
+    """Seal each ``journal.<g>`` (module docstring), fenced (``fence``: a writer that trusts its journal
+    by the fence's counter sees it change). The newer journal must exist first."""
+    with fencing(ops, directory):
+        for gen in gens:
+            try:
+                ops.chmod(_journal(directory, gen), _SEALED)
+            except FileNotFoundError:
+                pass  # folded meanwhile
 
 
 def start_next(ops: FileOps, directory: str, gen: int) -> None:

@@ -4,7 +4,9 @@ generation it has read and appends to, how far it has read it, the descriptor it
 - Appending: to the newest journal, found by listing and confirmed by listing again once open
   (``journal.open_current``); after each write one ``statx`` of the held descriptor says whether it is still
   the current one (``journal.stale``: sealed or deleted); if not, catch up to the newest journal by listing
-  (any number of generations on) and write the record there too (a duplicate merges away).
+  (any number of generations on) and write the record there too (a duplicate merges away). Once proven
+  current, the manifest's fence (``fence``: a counter every sealer and remover bumps first, read from a
+  shared mapping) stands for that ``statx`` until it changes (and once per ``CHECK_BYTES`` appended).
 - A failed write or sync may leave torn bytes: the descriptor is dropped and the journal marked torn; the
   next record first rolls to a new journal (``journal.roll``), so records never land after torn bytes. So
   is a torn tail found on load.
@@ -25,6 +27,7 @@ from .. import layout
 from ..fileio import FileOps
 from ..statx import Ident
 from .codec import Entry, Generations, decode_journal, generations
+from .fence import FenceView
 from .journal import open_current, roll, stale
 from .state import DiskState, read_tail
 
@@ -32,6 +35,9 @@ __all__ = ["SiteJournal", "Reader", "RETRIES"]
 
 _T = TypeVar("_T")
 RETRIES = 8  # listings before giving up on a manifest that changes under every read (a compaction each)
+# Bytes appended on the fence's word before one ``statx`` again: the journal's size (other processes'
+# records too) for the compaction threshold is then off by at most this much per process.
+CHECK_BYTES = 64 * 1024
 
 
 class Reader(Protocol):
@@ -70,6 +76,11 @@ class SiteJournal:
         self._torn: int | None = None  # a journal that may end in torn bytes: roll before appending to it
         self.remark = False  # the reader's open mark goes to the next journal opened (after a replacement)
         self.faulted = False  # a journal write or sync failed: no clean close mark (the next load sweeps)
+        # The fence's counter when the held journal was last proven current (None: prove it after each
+        # write); the journal's size then, and the bytes this process appended since.
+        self._fence = FenceView(ops, directory)
+        self._trusted: int | None = None
+        self._size = self._since = 0
 
     def _path(self, gen: int) -> str:
         return layout.manifest_file(self.directory, "journal", gen)
@@ -207,15 +218,21 @@ class SiteJournal:
                 fd = self._fd if self._fd is not None else self._open(reader)
                 try:
                     self.ops.append(fd, data)
-                    held = self.ops.ident(fd)
-                    if stale(held) and self._moved(reader, held):
-                        continue
+                    if self._fence.unchanged(self._trusted) and self._since < CHECK_BYTES:
+                        self._since += len(data)  # nothing sealed or removed it (``fence``)
+                    else:
+                        with self._fence.shared() as value:  # the value first, then the statx
+                            held = self.ops.ident(fd)
+                        self._trusted, self._size, self._since = None, held.size, 0
+                        if stale(held) and self._moved(reader, held):
+                            continue
+                        self._trusted = None if stale(held) else value
                     if sync:
                         self.ops.fdatasync(fd)
                 except OSError:
                     self.faulted, self._torn = True, self.gen
                     raise
-                return held.size
+                return self._size + self._since
             raise OSError(errno.ESTALE, f"manifest journal of site {self.site} moved {RETRIES} times")
         except OSError:
             self.close()
@@ -234,6 +251,8 @@ class SiteJournal:
         return False
 
     def close(self) -> None:
+        self._trusted = None
+        self._fence.close()
         if self._fd is not None:
             try:
                 self.ops.close(self._fd)
