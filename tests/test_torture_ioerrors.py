@@ -240,18 +240,20 @@ def test_io_error_at_every_call(template, mode):
             _, injected, ok = one_run(template, plan, clear_after, seed=n)
         except Exception as exc:
             raise TortureFailure(f"{mode} fault at call {n}: {type(exc).__name__}: {exc}") from exc
-        # Every run that reached its n-th call really got its fault. A run may make a call or two fewer
-        # than the counting run: background work (the manifest's compaction of a journal rolled at load,
-        # the reconciliation sweep) interleaves with the workload by timing, so the last plans may lie
-        # past a run's end (seen here: 457 to 466 calls in twelve fault-free runs); only those, in the last
-        # 5% of the plans, may end short of their fault.
-        if not injected and (plan.seen[0] > n or n < len(plans) * 0.95):
+        # Every run that reached its n-th call really got its fault. A run may make fewer calls than the
+        # counting run: background work (the manifest's compaction of a journal rolled at load, the
+        # reconciliation sweep, the fence's slow path after them) interleaves with the workload by timing
+        # (457 to 466 calls in twelve fault-free runs on a quiet machine; one run of 344 at load 9 on 2
+        # cores), so a plan may lie past its run's end. Such a run is short, not a failure; the shorts stay
+        # a small minority, so the suite cannot pass on a workload that stopped exercising the file layer.
+        if not injected and plan.seen[0] > n:
             raise TortureFailure(f"{mode} fault at call {n}: not injected ({plan.seen[0]} calls asked)")
         short += not injected
         runs += 1
         faults += injected
         verified += ok
     assert faults >= len(plans) - short
+    assert short <= len(plans) * 0.25, f"{short} of {len(plans)} {mode} runs ended before their fault"
     FIGURES.io_fault_runs += runs
     FIGURES.io_faults_injected += faults
     FIGURES.batches_verified += verified
