@@ -2,10 +2,10 @@
 the log, its sidecar index and its commit point, their descriptors and the published state).
 
 - State: ONE immutable ``recovery.LogState`` (entries, end, next seq, timestamps, tail, damage, the
-  commit point record it agrees with), replaced whole by each commit and refresh and swapped under
-  ``LogFiles._state_lock``; readers take the reference once. Everything a published state holds is
-  durable. This class never touches a descriptor or the state itself: it calls ``LogFiles``, whose
-  methods say which of this class's locks they need.
+  commit point record it agrees with, the descriptors it was read through), replaced whole by each
+  commit and refresh (one assignment, by the ``_io_lock`` holder only); readers take the reference
+  once. Everything a published state holds is durable. This class never touches a descriptor or the
+  state itself: it calls ``LogFiles``, whose methods say which of this class's locks they need.
 - Appends: one leader per group (``group_commit``) takes the cross-process lock, refreshes against the
   commit point and the file, writes every frame with one ``pwrite`` and one ``fdatasync``, moves the
   commit point (``commit_point``), publishes the new state, extends the index (a hint: may lag, never
@@ -35,8 +35,8 @@ Lock order (one name per lock; never take a lock to the left while holding one t
   -> ``_file_lock`` (the cross-process flock)
   -> ``_io_lock`` (one thread touches descriptors and builds state; the leader holds it only once it has
   the flock, for refresh + write + fsync + publish)
-  -> ``LogFiles._state_lock`` (the published state; held briefly, never for I/O but closing descriptors)
-  -> ``LogFiles._fd_readers`` (readers mid-``pread``; closing descriptors waits for them).
+  -> ``LogFiles._fd_readers`` (the descriptor guard: readers mid-``pread`` count in; closing or replacing
+  descriptors waits for them; held briefly, never for I/O but closing descriptors).
   The group-commit queue lock is a leaf, taken with none of these held.
 """
 
@@ -394,7 +394,7 @@ class ConversationLog:
         self._ensure_fresh()
         files, looked = self._files, False
         for _attempt in range(4):
-            state, generation = files.snapshot()
+            state = files.state  # one reference: it names the descriptors it was read through
             first = max(0, state.next_seq - limit) if start is None else start
             if state.corrupt is not None and (start is None or first + limit > state.next_seq):
                 # Judged under the file lock (the only place damage is judged). The tail is unknown past
@@ -411,7 +411,7 @@ class ConversationLog:
                     bounds, region_end = locate(state.entries, state.frames, first, stop, state.end)
                     region_start = bounds[0][0]
                 size = region_end - region_start
-                data = files.pread(generation, region_start, size + (PREFIX_SIZE if look else 0))
+                data = files.pread(state.generation, region_start, size + (PREFIX_SIZE if look else 0))
                 if data is None:  # descriptors were swapped under us (poison/reload): take a new snapshot
                     self._ensure_fresh()
                     continue

@@ -191,5 +191,6 @@ def write_group(
         state.version,
         size,
         point,  # the commit point record the caller writes once this returns (durable)
+        state.generation,
     )
     return Written(after, fsync_seconds, chunk)
