@@ -352,12 +352,12 @@ class ConversationLog:
         if encoded is None:
             return
         try:
-            done = self._files.write(encoded)
+            fsync_seconds = self._files.write(encoded)
         except Io as error:  # the files are poisoned: no batch of the group is acknowledged
             for req, _ in encoded.accepted:
                 req.error, req.done = error, True
             return
-        new = done.state
+        new = self._files.state
         for req, first in encoded.accepted:
             req.result, req.done = SeqRange(first, first + req.count - 1), True
         # The batches are durable and acknowledged: a failure from here on is reported, never theirs, and
@@ -375,7 +375,7 @@ class ConversationLog:
             if observer is not None:
                 nbytes = encoded.end - encoded.write_start
                 observer.commit(
-                    requests=len(encoded.accepted), nbytes=nbytes, fsync_seconds=done.fsync_seconds
+                    requests=len(encoded.accepted), nbytes=nbytes, fsync_seconds=fsync_seconds
                 )
         except Exception:
             log.exception("observer after a durable commit to %s", self.paths.log)

@@ -43,7 +43,7 @@ from .loading import mode_of, state_under_lock, vouched_state
 from .recovery import EMPTY_STATE, LogState, extended, with_created_at
 from .seq_index import SidecarIndex
 from .tail import FailedWrite, cut_back, cut_own_failed_write, failed_write_at, trim, truncate_torn
-from .writer import EncodedGroup, Written, write_group
+from .writer import EncodedGroup, committed, preallocated, write_group
 
 __all__ = ["LogFiles"]
 
@@ -368,36 +368,32 @@ class LogFiles:
         self._trust()
 
     @holds("_file_lock", "_io_lock")
-    def write(self, encoded: EncodedGroup) -> Written:
+    def write(self, encoded: EncodedGroup) -> float:
         """Write a group's frames at the published end, make them durable, move the commit point, publish
         the new state and maybe extend the index (a hint, after the fsync: it never leads the log). Caller
         holds the file lock and the I/O lock, with state just refreshed (``encoded`` was built from it).
-        Raises ``Io`` after poisoning: nothing of the group is acknowledged."""
-        state, pf = self._state, self._point
-        assert self._log_fd is not None and pf is not None and encoded.write_start == state.end
+        Returns the ``fdatasync``'s seconds. Raises ``Io`` after poisoning: nothing of the group is
+        acknowledged."""
+        state, pf, fd = self._state, self._point, self._log_fd
+        assert fd is not None and pf is not None and encoded.write_start == state.end
         point = encode(CommitPoint(boot.boot_id(), self._epoch, self._ino, encoded.end, encoded.next_seq))
+        data, size, chunk = preallocated(state, encoded, self._chunk)
         try:
             pf.bump()  # before the frames: a writer killed before its record leaves them past it
-            done = write_group(
-                self.ops,
-                self._log_fd,
-                state,
-                encoded,
-                chunk=self._chunk,
-                dirs=self._dirs,
-                directory=self.paths.directory,
-                point=point,
+            seconds = write_group(
+                self.ops, fd, data, encoded.write_start, dirs=self._dirs, directory=self.paths.directory
             )
             pf.write(point)  # durable: the commit point moves, for everyone
         except OSError as exc:
             self.poison(encoded.data)
             raise self.io_error("write+fdatasync", exc) from exc
-        self._chunk, new = done.chunk, done.state
+        self._chunk = chunk
         self._failed = None  # written at an end recovery found clean: nothing of a failed write is left
+        new = committed(state, encoded, size=size, point=point)
         self._publish(new)
         self._trust()
         self._index.write(new.entries, new.frames, new.end)
-        return done
+        return seconds
 
     def trim_wanted(self) -> bool:
         """A preallocated tail to give back, index entries to write, or a failed write to cut (``poison``:
