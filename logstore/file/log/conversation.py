@@ -61,10 +61,11 @@ from .freshness import Action, Record, decide, past_in
 from .group_commit import AppendRequest, GroupCommit
 from .held import holds, new_lock
 from .reads import corrupted, decode_region, items_of
+from .recovery import LogState
 from .seq_index import IndexMismatch, locate
-from .writer import CommitInfo, encode_group
+from .writer import encode_group
 
-__all__ = ["ConversationLog", "AppendRequest", "CommitInfo"]
+__all__ = ["ConversationLog", "AppendRequest"]
 
 log = logging.getLogger("logstore")
 _DIRECTORY_TRIES = 8  # creating the directory and locking in it, while a purge may remove it
@@ -85,7 +86,7 @@ class ConversationLog:
         lock_timeout: float,
         dirs: DurableDirs,
         on_create: Callable[[str], None] | None = None,
-        on_commit: Callable[[CommitInfo], None] | None = None,
+        on_commit: Callable[[str, LogState], None] | None = None,
     ) -> None:
         self.conversation_id = conversation_id
         self.paths = paths
@@ -108,17 +109,16 @@ class ConversationLog:
         self._group = GroupCommit(self._commit_io)
         self._settling: threading.Event | None = None  # set while a settle holds ``_commit_lock``
 
-    def summary(self) -> CommitInfo | None:
-        """Created/last timestamps for the manifest's reconciliation after a crash; None if the log holds
-        no items. A writer that died may have left durable frames no commit point vouches for yet: if the
-        file lock is free at once, recovery under it takes them in (so the listing and every later read
-        agree); if a live writer holds it, that writer records its own commit."""
+    def summary(self) -> LogState | None:
+        """The published state, for the manifest's reconciliation after a crash (its created/last
+        timestamps, end and next seq); None if the log holds no items. A writer that died may have left
+        durable frames no commit point vouches for yet: if the file lock is free at once, recovery under
+        it takes them in (so the listing and every later read agree); if a live writer holds it, that
+        writer records its own commit."""
         self._ensure_fresh()
         self._settle_if_free()
         state = self._files.state
-        if state.created_at is None or state.last_at is None:
-            return None
-        return CommitInfo(self.conversation_id, state.created_at, state.last_at, state.end, state.next_seq)
+        return None if state.created_at is None or state.last_at is None else state
 
     # ------------------------------------------------------------------ closing
     def close(self) -> None:
@@ -273,9 +273,7 @@ class ConversationLog:
         if self._on_commit is None or state.created_at is None or state.last_at is None:
             return
         try:
-            self._on_commit(
-                CommitInfo(self.conversation_id, state.created_at, state.last_at, state.end, state.next_seq)
-            )
+            self._on_commit(self.conversation_id, state)
         except Exception:  # the listing lags (reconciled at the next load); reads and appends go on
             log.exception("manifest record of frames recovery took in to %s", self.paths.log)
 
@@ -364,10 +362,7 @@ class ConversationLog:
         # one of these never keeps the other from running (the manifest's listing must not stay behind).
         try:
             if self._on_commit is not None:
-                assert new.created_at is not None and new.last_at is not None
-                self._on_commit(
-                    CommitInfo(self.conversation_id, new.created_at, new.last_at, new.end, new.next_seq)
-                )
+                self._on_commit(self.conversation_id, new)  # the manifest's listing: its times, end, seq
         except Exception:
             log.exception("manifest record after a durable commit to %s", self.paths.log)
         try:

@@ -25,18 +25,7 @@ from .index_codec import encode_entry
 from .recovery import LogState, state_of
 from .tail import UNPREALLOCATED_WRITE, grown_size, next_chunk
 
-__all__ = ["CommitInfo", "EncodedGroup", "committed", "encode_group", "preallocated", "write_group"]
-
-
-class CommitInfo(NamedTuple):
-    """What the manifest needs to know after a commit (all times in microseconds). Immutable; a
-    NamedTuple like the other per-commit records here (``EncodedGroup``)."""
-
-    conversation_id: str
-    created_at: int
-    last_appended_at: int
-    log_size: int
-    next_seq: int
+__all__ = ["EncodedGroup", "committed", "encode_group", "preallocated", "write_group"]
 
 
 class EncodedGroup(NamedTuple):
