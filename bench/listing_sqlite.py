@@ -222,16 +222,11 @@ class Commits:
     def __init__(self, n: int, *, spread: bool) -> None:
         self.n, self.k, self.stride = n, 0, 7919 if spread else 0
 
-    def next(self) -> tuple[str, LogState]:
-        """A conversation and its state after the commit (what ``record_commit`` is given)."""
+    def next(self) -> tuple[str, LogState]:  # a conversation, its state after the commit
         self.k += 1
-        i = (self.k * self.stride + self.n // 3) % self.n
-        cid, created, _, size, seq = row(i)
-        return cid, _state(created, T0 + 10 * self.n + self.k, size + 100 * self.k, seq + self.k)
-
-
-def _state(created_at: int, last_at: int, end: int, next_seq: int) -> LogState:
-    return LogState(bytearray(), end=end, next_seq=next_seq, created_at=created_at, last_at=last_at)
+        k, cid, created, _, size, seq = self.k, *row((self.k * self.stride + self.n // 3) % self.n)
+        last = T0 + 10 * self.n + k
+        return cid, LogState(bytearray(), 0, size + 100 * k, seq + k, created, last)
 
 
 def manifest_cpu(manifest: SiteManifest, commits: Commits, count: int) -> float:
@@ -263,7 +258,7 @@ def sqlite_cpu(conn: sqlite3.Connection, commits: Commits, count: int, batch: in
 def child_commit(kind: str, path: str, cid: str, seq: int) -> None:
     """Record one commit of ``cid`` (``seq`` items, newer than every other), print "acked"; for
     sqlite-batched, leave the transaction open until a line arrives on stdin (the rest of the batch)."""
-    info = _state(T0, _visible_at(seq), 10**9, seq)
+    info = LogState(bytearray(), end=10**9, next_seq=seq, created_at=T0, last_at=_visible_at(seq))
     if kind == "manifest":
         manifest = open_manifest(path)
         manifest.begin_writes()
