@@ -44,7 +44,7 @@ from logstore.core.cursor import BEFORE_ALL, CursorCodec, CursorKey
 from logstore.core.models import ConversationListing, ConversationSummary, micros_to_datetime
 from logstore.file import layout
 from logstore.file.fileio import OS_FILE_OPS, FileOps, NoSyncOps
-from logstore.file.log.writer import CommitInfo
+from logstore.file.log.recovery import LogState
 from logstore.file.manifest.codec import Entry, encode_record
 from logstore.file.manifest.site import COMPACT_THRESHOLD, SiteManifest
 from logstore.file.manifest.snapshot import encode_snapshot
@@ -222,17 +222,17 @@ class Commits:
     def __init__(self, n: int, *, spread: bool) -> None:
         self.n, self.k, self.stride = n, 0, 7919 if spread else 0
 
-    def next(self) -> CommitInfo:
+    def next(self) -> tuple[str, LogState]:  # a conversation, its state after the commit
         self.k += 1
-        i = (self.k * self.stride + self.n // 3) % self.n
-        cid, created, _, size, seq = row(i)
-        return CommitInfo(cid, created, T0 + 10 * self.n + self.k, size + 100 * self.k, seq + self.k)
+        k, cid, created, _, size, seq = self.k, *row((self.k * self.stride + self.n // 3) % self.n)
+        last = T0 + 10 * self.n + k
+        return cid, LogState(bytearray(), 0, size + 100 * k, seq + k, created, last)
 
 
 def manifest_cpu(manifest: SiteManifest, commits: Commits, count: int) -> float:
     t0 = time.thread_time()
     for _ in range(count):
-        manifest.record_commit(commits.next())
+        manifest.record_commit(*commits.next())
     return (time.thread_time() - t0) / count * 1e6
 
 
@@ -243,8 +243,8 @@ def sqlite_cpu(conn: sqlite3.Connection, commits: Commits, count: int, batch: in
     for j in range(count):
         if batch > 1 and j % batch == 0:
             conn.execute("BEGIN")
-        c = commits.next()
-        conn.execute(UPSERT, (c.conversation_id, c.created_at, c.last_appended_at, c.log_size, c.next_seq))
+        cid, c = commits.next()
+        conn.execute(UPSERT, (cid, c.created_at, c.last_at, c.end, c.next_seq))
         if batch > 1 and j % batch == batch - 1:
             conn.execute("COMMIT")
     if conn.in_transaction:
@@ -258,18 +258,18 @@ def sqlite_cpu(conn: sqlite3.Connection, commits: Commits, count: int, batch: in
 def child_commit(kind: str, path: str, cid: str, seq: int) -> None:
     """Record one commit of ``cid`` (``seq`` items, newer than every other), print "acked"; for
     sqlite-batched, leave the transaction open until a line arrives on stdin (the rest of the batch)."""
-    info = CommitInfo(cid, T0, _visible_at(seq), 10**9, seq)
+    info = LogState(bytearray(), end=10**9, next_seq=seq, created_at=T0, last_at=_visible_at(seq))
     if kind == "manifest":
         manifest = open_manifest(path)
         manifest.begin_writes()
-        manifest.record_commit(info)
+        manifest.record_commit(cid, info)
         print("acked", flush=True)
         manifest.close()
         return
     conn = connect(path)
     if kind == "sqlite-batched":
         conn.execute("BEGIN")
-    conn.execute(UPSERT, tuple(info[:5]))
+    conn.execute(UPSERT, (cid, info.created_at, info.last_at, info.end, info.next_seq))
     print("acked", flush=True)
     if kind == "sqlite-batched":
         sys.stdin.readline()

@@ -1,5 +1,5 @@
 """The append path's fast paths give exactly what the general code gives (issue 12, P1-cpu): the
-single-request ``encode_group``, the state ``write_group`` builds field by field, and
+single-request ``encode_group``, the state ``committed`` builds field by field, and
 ``FileOps.pwrite``'s one call that still continues a short write, and the index lag remembered
 between appends."""
 
@@ -18,7 +18,7 @@ from logstore.file.log.group_commit import AppendRequest
 from logstore.file.log.index_codec import encode_entry
 from logstore.file.log.recovery import LogState
 from logstore.file.log.seq_index import LAG_BYTES, LAG_FRAMES, SidecarIndex
-from logstore.file.log.writer import encode_group, write_group
+from logstore.file.log.writer import committed, encode_group, preallocated, write_group
 
 ITEMS = b'{"k":1,"text":"' + b"x" * 180 + b'"}'
 
@@ -80,8 +80,8 @@ _SET_BY_COMMIT = {
 }
 
 
-def test_write_group_carries_every_field_it_does_not_set():
-    # A distinct object in every field write_group does not compute from, so a field it forgets
+def test_a_commit_carries_every_field_it_does_not_set():
+    # A distinct object in every field committed() does not compute from, so a field it forgets
     # (e.g. one added to LogState later) comes back as its default and fails the identity check.
     read = {"entries": bytearray(), "frames": 2, "size": 100_000, "version": 2, "created_at": 3}
     state = LogState(**{f.name: read.get(f.name, object()) for f in dataclasses.fields(LogState)})
@@ -89,7 +89,9 @@ def test_write_group_carries_every_field_it_does_not_set():
     assert encoded is not None
     ops = _NoSync()
     dirs = DurableDirs(ops)
-    after = write_group(ops, 3, state, encoded, chunk=0, dirs=dirs, directory="/nonexistent").state
+    data, size, _chunk = preallocated(state, encoded, 0)
+    write_group(ops, 3, data, encoded.write_start, dirs=dirs, directory="/nonexistent")
+    after = committed(state, encoded, size=size, point=b"")
     for f in dataclasses.fields(LogState):
         if f.name not in _SET_BY_COMMIT:
             assert getattr(after, f.name) is getattr(state, f.name), f.name

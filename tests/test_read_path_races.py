@@ -7,7 +7,7 @@
   (``_verify_and_rebuild`` used to reopen the log and index of a closed handle, and serve from them).
 - An exception after every batch of a group had its outcome (the observer, the manifest's
   ``record_commit``) is logged, the append still succeeds, and the listing does not stay behind.
-- A full recovery scan does not run under ``_state_lock`` (every reader would wait for it).
+- A full recovery scan does not run inside the descriptor guard's lock (every reader would wait for it).
 
 (The interrupt between becoming the group's leader and its ``try`` is tested with the other group-commit
 interrupts in tests/test_group_commit.py.)
@@ -245,11 +245,12 @@ def test_a_manifest_record_that_fails_after_the_commit_is_logged_and_the_next_st
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Recovery does not hold _state_lock.
+# Recovery does not hold the descriptor guard's lock.
 
 
-class StateLockProbe(FileOps):
-    """Notes, at every read of the conversation's log, whether its ``_state_lock`` is held."""
+class GuardLockProbe(FileOps):
+    """Notes, at every read of the conversation's log, whether its descriptor guard's lock is held (a
+    reader could not enter)."""
 
     def __init__(self) -> None:
         self.store: Store | None = None
@@ -258,12 +259,16 @@ class StateLockProbe(FileOps):
     def pread(self, fd: int, size: int, offset: int) -> bytes:
         conv = self.store._handles.get((SITE, CID)) if self.store is not None else None
         if conv is not None and conv._files._log_fd == fd:
-            self.held.append(conv._files._state_lock.locked())
+            cond = conv._files._fd_readers._cond
+            free = cond.acquire(False)
+            if free:
+                cond.release()
+            self.held.append(not free)
         return super().pread(fd, size, offset)
 
 
 @pytest.mark.parametrize("record", ["with-record", "record-invalidated"])
-def test_a_full_recovery_scan_does_not_hold_the_state_lock(tmp_path, record):
+def test_a_full_recovery_scan_does_not_hold_the_descriptor_guard(tmp_path, record):
     data = str(tmp_path / "data")
     paths = conversation_paths(data, SITE, CID)
     with Store(data) as w:
@@ -272,7 +277,7 @@ def test_a_full_recovery_scan_does_not_hold_the_state_lock(tmp_path, record):
     os.unlink(paths.index)  # recovery scans the whole log
     if record == "record-invalidated":
         invalidate(FileOps(), paths.lock)  # recovery under the file lock
-    probe = StateLockProbe()
+    probe = GuardLockProbe()
     with Store(data, file_ops=probe) as r:
         probe.store = r
         assert len(r.recall(SITE, CID, 50)) == 20

@@ -27,8 +27,9 @@ from . import layout
 from .data_dir_lock import DataDirLock
 from .durable_dirs import DurableDirs
 from .fileio import OS_FILE_OPS, FileOps
-from .log.conversation import AppendRequest, CommitInfo, ConversationLog
+from .log.conversation import AppendRequest, ConversationLog
 from .log.frame import encode_items
+from .log.recovery import LogState
 from .manifest.site import SiteManifest
 
 __all__ = ["Store"]
@@ -196,7 +197,7 @@ class Store:
         manifest.ensure_loaded()  # outside the guard: reconciliation opens conversations
         return manifest
 
-    def _summary(self, site: str, conversation_id: str) -> CommitInfo | None:
+    def _summary(self, site: str, conversation_id: str) -> LogState | None:
         with self._conversation(site, conversation_id) as conv:
             return conv.summary()
 

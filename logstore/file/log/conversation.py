@@ -2,10 +2,10 @@
 the log, its sidecar index and its commit point, their descriptors and the published state).
 
 - State: ONE immutable ``recovery.LogState`` (entries, end, next seq, timestamps, tail, damage, the
-  commit point record it agrees with), replaced whole by each commit and refresh and swapped under
-  ``LogFiles._state_lock``; readers take the reference once. Everything a published state holds is
-  durable. This class never touches a descriptor or the state itself: it calls ``LogFiles``, whose
-  methods say which of this class's locks they need.
+  commit point record it agrees with, the descriptors it was read through), replaced whole by each
+  commit and refresh (one assignment, by the ``_io_lock`` holder only); readers take the reference
+  once. Everything a published state holds is durable. This class never touches a descriptor or the
+  state itself: it calls ``LogFiles``, whose methods say which of this class's locks they need.
 - Appends: one leader per group (``group_commit``) takes the cross-process lock, refreshes against the
   commit point and the file, writes every frame with one ``pwrite`` and one ``fdatasync``, moves the
   commit point (``commit_point``), publishes the new state, extends the index (a hint: may lag, never
@@ -35,8 +35,8 @@ Lock order (one name per lock; never take a lock to the left while holding one t
   -> ``_file_lock`` (the cross-process flock)
   -> ``_io_lock`` (one thread touches descriptors and builds state; the leader holds it only once it has
   the flock, for refresh + write + fsync + publish)
-  -> ``LogFiles._state_lock`` (the published state; held briefly, never for I/O but closing descriptors)
-  -> ``LogFiles._fd_readers`` (readers mid-``pread``; closing descriptors waits for them).
+  -> ``LogFiles._fd_readers`` (the descriptor guard: readers mid-``pread`` count in; closing or replacing
+  descriptors waits for them; held briefly, never for I/O but closing descriptors).
   The group-commit queue lock is a leaf, taken with none of these held.
 """
 
@@ -61,10 +61,11 @@ from .freshness import Action, Record, decide, past_in
 from .group_commit import AppendRequest, GroupCommit
 from .held import holds, new_lock
 from .reads import corrupted, decode_region, items_of
+from .recovery import LogState
 from .seq_index import IndexMismatch, locate
-from .writer import CommitInfo, encode_group
+from .writer import encode_group
 
-__all__ = ["ConversationLog", "AppendRequest", "CommitInfo"]
+__all__ = ["ConversationLog", "AppendRequest"]
 
 log = logging.getLogger("logstore")
 _DIRECTORY_TRIES = 8  # creating the directory and locking in it, while a purge may remove it
@@ -85,7 +86,7 @@ class ConversationLog:
         lock_timeout: float,
         dirs: DurableDirs,
         on_create: Callable[[str], None] | None = None,
-        on_commit: Callable[[CommitInfo], None] | None = None,
+        on_commit: Callable[[str, LogState], None] | None = None,
     ) -> None:
         self.conversation_id = conversation_id
         self.paths = paths
@@ -108,17 +109,16 @@ class ConversationLog:
         self._group = GroupCommit(self._commit_io)
         self._settling: threading.Event | None = None  # set while a settle holds ``_commit_lock``
 
-    def summary(self) -> CommitInfo | None:
-        """Created/last timestamps for the manifest's reconciliation after a crash; None if the log holds
-        no items. A writer that died may have left durable frames no commit point vouches for yet: if the
-        file lock is free at once, recovery under it takes them in (so the listing and every later read
-        agree); if a live writer holds it, that writer records its own commit."""
+    def summary(self) -> LogState | None:
+        """The published state, for the manifest's reconciliation after a crash (its created/last
+        timestamps, end and next seq); None if the log holds no items. A writer that died may have left
+        durable frames no commit point vouches for yet: if the file lock is free at once, recovery under
+        it takes them in (so the listing and every later read agree); if a live writer holds it, that
+        writer records its own commit."""
         self._ensure_fresh()
         self._settle_if_free()
         state = self._files.state
-        if state.created_at is None or state.last_at is None:
-            return None
-        return CommitInfo(self.conversation_id, state.created_at, state.last_at, state.end, state.next_seq)
+        return None if state.created_at is None or state.last_at is None else state
 
     # ------------------------------------------------------------------ closing
     def close(self) -> None:
@@ -273,9 +273,7 @@ class ConversationLog:
         if self._on_commit is None or state.created_at is None or state.last_at is None:
             return
         try:
-            self._on_commit(
-                CommitInfo(self.conversation_id, state.created_at, state.last_at, state.end, state.next_seq)
-            )
+            self._on_commit(self.conversation_id, state)
         except Exception:  # the listing lags (reconciled at the next load); reads and appends go on
             log.exception("manifest record of frames recovery took in to %s", self.paths.log)
 
@@ -352,22 +350,19 @@ class ConversationLog:
         if encoded is None:
             return
         try:
-            done = self._files.write(encoded)
+            fsync_seconds = self._files.write(encoded)
         except Io as error:  # the files are poisoned: no batch of the group is acknowledged
             for req, _ in encoded.accepted:
                 req.error, req.done = error, True
             return
-        new = done.state
+        new = self._files.state
         for req, first in encoded.accepted:
             req.result, req.done = SeqRange(first, first + req.count - 1), True
         # The batches are durable and acknowledged: a failure from here on is reported, never theirs, and
         # one of these never keeps the other from running (the manifest's listing must not stay behind).
         try:
             if self._on_commit is not None:
-                assert new.created_at is not None and new.last_at is not None
-                self._on_commit(
-                    CommitInfo(self.conversation_id, new.created_at, new.last_at, new.end, new.next_seq)
-                )
+                self._on_commit(self.conversation_id, new)  # the manifest's listing: its times, end, seq
         except Exception:
             log.exception("manifest record after a durable commit to %s", self.paths.log)
         try:
@@ -375,7 +370,7 @@ class ConversationLog:
             if observer is not None:
                 nbytes = encoded.end - encoded.write_start
                 observer.commit(
-                    requests=len(encoded.accepted), nbytes=nbytes, fsync_seconds=done.fsync_seconds
+                    requests=len(encoded.accepted), nbytes=nbytes, fsync_seconds=fsync_seconds
                 )
         except Exception:
             log.exception("observer after a durable commit to %s", self.paths.log)
@@ -394,7 +389,7 @@ class ConversationLog:
         self._ensure_fresh()
         files, looked = self._files, False
         for _attempt in range(4):
-            state, generation = files.snapshot()
+            state = files.state  # one reference: it names the descriptors it was read through
             first = max(0, state.next_seq - limit) if start is None else start
             if state.corrupt is not None and (start is None or first + limit > state.next_seq):
                 # Judged under the file lock (the only place damage is judged). The tail is unknown past
@@ -411,7 +406,7 @@ class ConversationLog:
                     bounds, region_end = locate(state.entries, state.frames, first, stop, state.end)
                     region_start = bounds[0][0]
                 size = region_end - region_start
-                data = files.pread(generation, region_start, size + (PREFIX_SIZE if look else 0))
+                data = files.pread(state.generation, region_start, size + (PREFIX_SIZE if look else 0))
                 if data is None:  # descriptors were swapped under us (poison/reload): take a new snapshot
                     self._ensure_fresh()
                     continue

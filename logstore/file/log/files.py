@@ -1,14 +1,18 @@
 """The files of one conversation log: descriptors, their generation, the published state, and every
 operation on them. ``ConversationLog`` (conversation.py) holds one and runs the protocol: locks, group
 commit, settling, reads. Nothing here takes the file lock or decides when to; a method says which of
-the owner's locks its caller holds ("the I/O lock": ``_io_lock``). Its own ``_state_lock`` and
-``_fd_readers`` are the innermost of conversation.py's lock order, held only briefly.
+the owner's locks its caller holds ("the I/O lock": ``_io_lock``). Its own lock, the descriptor guard
+``_fd_readers``, is the innermost of conversation.py's lock order, held only briefly.
 
-- ``state`` is ONE immutable ``recovery.LogState``, swapped whole under ``_state_lock`` (``_publish``);
-  a reload keeps the old state published until the new one replaces it. Everything a published state
-  holds is durable, and its ``point`` is the commit-point record (``commit_point``) it agrees with.
-- The generation is bumped whenever descriptors close, so a reader that took a state with one
-  generation never reads through a descriptor of another (``snapshot`` + ``pread``, under ``ReaderGuard``).
+- ``state`` is ONE immutable ``recovery.LogState``, published by one assignment (``_publish``: only
+  the I/O lock's holder builds and publishes states, and readers take the reference once, so no lock
+  is needed to swap it); a reload keeps the old state published until the new one replaces it.
+  Everything a published state holds is durable, and its ``point`` is the commit-point record
+  (``commit_point``) it agrees with.
+- A state names the descriptors it was read through (``LogState.generation``; bumped, under the guard,
+  whenever descriptors close or are replaced), so a reader never reads a state's frames through a
+  descriptor of another generation, nor through a closed one's reused number (``pread``, inside
+  ``ReaderGuard``, which closing waits out).
 - Two ways to load: ``load_unlocked``, only what the commit point vouches for (never a torn tail or a
   judgement of damage: any disagreement sends the caller to the lock); ``load_locked``, recovery's whole
   rule, after which what it found is made durable and the commit point rewritten.
@@ -23,7 +27,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 from dataclasses import replace
 from typing import Any
 
@@ -40,7 +43,7 @@ from .loading import mode_of, state_under_lock, vouched_state
 from .recovery import EMPTY_STATE, LogState, extended, with_created_at
 from .seq_index import SidecarIndex
 from .tail import FailedWrite, cut_back, cut_own_failed_write, failed_write_at, trim, truncate_torn
-from .writer import EncodedGroup, Written, write_group
+from .writer import EncodedGroup, committed, preallocated, write_group
 
 __all__ = ["LogFiles"]
 
@@ -56,9 +59,10 @@ class LogFiles:
         self.ops, self.paths = ops, paths
         self._io_lock, self._file_lock = io_lock, file_lock  # the owner's, for ``held.holds`` (or None)
         self._dirs = dirs  # proven before a first frame is vouched for (``write``, ``load_locked``)
-        self._state_lock = threading.Lock()  # guards swapping ``_state`` and ``_generation``; brief
+        # The descriptors' guard: readers mid-``pread`` count in; closing or replacing descriptors (and
+        # bumping ``_generation``, which states name) waits for them and keeps new ones out.
         self._fd_readers = ReaderGuard()
-        self._generation = 0  # bumped whenever descriptors are closed or state is rebuilt
+        self._generation = 0  # of the open descriptors: bumped (under the guard) whenever they change
         # A failed write whose cut-back truncate failed too (still in the file); survives reloads until
         # the next recovery under the lock has cut it or found it is not ours to cut.
         self._failed: FailedWrite | None = None
@@ -82,11 +86,6 @@ class LogFiles:
     def has_log(self) -> bool:  # False before the first load, after close or poison, or with no log file
         return self._log_fd is not None
 
-    def snapshot(self) -> tuple[LogState, int]:
-        """The published state and the generation of the descriptors it was read through (``pread``)."""
-        with self._state_lock:
-            return self._state, self._generation
-
     def current(self) -> bool:
         """The fast path of every read, lock-free: the state agrees with the commit point (one ``pread``:
         ``freshness.decide``'s SAME -> SERVE, inline), or still no log. False (a failed read too): refresh."""
@@ -103,7 +102,8 @@ class LogFiles:
         return self._log_fd is None and not self.ops.exists(self.paths.log)
 
     def pread(self, generation: int, offset: int, length: int) -> bytes | None:
-        """``length`` bytes of the log at ``offset``, or None if its descriptor is not ``generation``'s."""
+        """``length`` bytes of the log at ``offset``, or None if its descriptors are not of ``generation``
+        (a state's: ``LogState.generation``)."""
         with self._fd_readers:
             if self._generation != generation or self._log_fd is None:
                 return None
@@ -116,7 +116,7 @@ class LogFiles:
     # ------------------------------------------------------------------ internals
     def close(self) -> None:
         """Close every descriptor; a later load reopens them. Caller holds the I/O lock."""
-        with self._state_lock, self._fd_readers.exclusive():  # after every reader mid-``pread``
+        with self._fd_readers.exclusive():  # after every reader mid-``pread``
             self._generation += 1
             try:
                 if self._log_fd is not None:
@@ -130,12 +130,13 @@ class LogFiles:
             self._loaded = False
 
     def _publish(self, state: LogState) -> None:
-        with self._state_lock:
-            self._state = state
+        self._state = state  # one reference (see the module docstring); its generation is the open one
 
     def _install(self, state: LogState, epoch: bytes) -> None:
-        with self._state_lock:
-            self._state, self._epoch, self._loaded = state, epoch, True
+        """A (re)loaded state: it names the descriptors it was read through."""
+        if state.generation != self._generation:
+            state = replace(state, generation=self._generation)
+        self._state, self._epoch, self._loaded = state, epoch, True  # ``_loaded`` last: ``current``
 
     @property
     def _ino(self) -> int:
@@ -358,45 +359,41 @@ class LogFiles:
             self.ops.close(fd)
             point.close()
             raise self.io_error("create", exc) from exc
-        with self._state_lock:
+        with self._fd_readers.exclusive():
             self._generation += 1
             self._log_fd, self._log_id, self._point = fd, log_id, point
         self._index.open_new()
         self._chunk = 0
-        self._install(LogState(bytearray(), point=record), epoch)
+        self._install(LogState(bytearray(), point=record, generation=self._generation), epoch)
         self._trust()
 
     @holds("_file_lock", "_io_lock")
-    def write(self, encoded: EncodedGroup) -> Written:
+    def write(self, encoded: EncodedGroup) -> float:
         """Write a group's frames at the published end, make them durable, move the commit point, publish
         the new state and maybe extend the index (a hint, after the fsync: it never leads the log). Caller
         holds the file lock and the I/O lock, with state just refreshed (``encoded`` was built from it).
-        Raises ``Io`` after poisoning: nothing of the group is acknowledged."""
-        state, pf = self._state, self._point
-        assert self._log_fd is not None and pf is not None and encoded.write_start == state.end
+        Returns the ``fdatasync``'s seconds. Raises ``Io`` after poisoning: nothing of the group is
+        acknowledged."""
+        state, pf, fd = self._state, self._point, self._log_fd
+        assert fd is not None and pf is not None and encoded.write_start == state.end
         point = encode(CommitPoint(boot.boot_id(), self._epoch, self._ino, encoded.end, encoded.next_seq))
+        data, size, chunk = preallocated(state, encoded, self._chunk)
         try:
             pf.bump()  # before the frames: a writer killed before its record leaves them past it
-            done = write_group(
-                self.ops,
-                self._log_fd,
-                state,
-                encoded,
-                chunk=self._chunk,
-                dirs=self._dirs,
-                directory=self.paths.directory,
-                point=point,
+            seconds = write_group(
+                self.ops, fd, data, encoded.write_start, dirs=self._dirs, directory=self.paths.directory
             )
             pf.write(point)  # durable: the commit point moves, for everyone
         except OSError as exc:
             self.poison(encoded.data)
             raise self.io_error("write+fdatasync", exc) from exc
-        self._chunk, new = done.chunk, done.state
+        self._chunk = chunk
         self._failed = None  # written at an end recovery found clean: nothing of a failed write is left
+        new = committed(state, encoded, size=size, point=point)
         self._publish(new)
         self._trust()
         self._index.write(new.entries, new.frames, new.end)
-        return done
+        return seconds
 
     def trim_wanted(self) -> bool:
         """A preallocated tail to give back, index entries to write, or a failed write to cut (``poison``:

@@ -143,7 +143,8 @@ def _outcome(request: AppendRequest) -> SeqRange:
 
 
 class ReaderGuard:
-    """Counts readers using the descriptors; closing waits for them (fd numbers get reused)."""
+    """A conversation's descriptor lock (``LogFiles``): counts readers using the descriptors; closing or
+    replacing them waits for those readers and keeps new ones out (fd numbers get reused)."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition(threading.Lock())

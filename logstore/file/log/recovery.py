@@ -163,7 +163,8 @@ def recover(
 @dataclass(frozen=True, slots=True)
 class LogState:
     """A conversation's published state: what recovery found, then replaced whole by every commit and
-    refresh (``dataclasses.replace``). Readers take the reference once and use it without a lock.
+    refresh (``dataclasses.replace``). Readers take the reference once and use it without a lock; it
+    names the descriptors it was read through (``generation``), the only ones its frames are read by.
 
     ``entries`` is shared, append-only storage: a state owns its first ``frames`` entries, and a newer
     state only ever appends after them (a rebuild starts a new buffer), so an older reference stays
@@ -180,12 +181,15 @@ class LogState:
     version: int = FORMAT_VERSION  # of the last good frame: what the log is appended in (v1 stays v1)
     size: int = 0  # the file's size as last seen: ``end`` plus a v2 log's preallocated zero tail
     point: bytes = b""  # the commit point record (logstore.file.log.commit_point) this state agrees with
+    generation: int = 0  # the descriptors it was read through (``LogFiles``): readers pread only those
 
 
 EMPTY_STATE = LogState(bytearray())
 _new = object.__new__
 (_SET_ENTRIES, _SET_FRAMES, _SET_END, _SET_NEXT, _SET_CREATED, _SET_LAST, _SET_CORRUPT, _SET_TORN,
- _SET_VERSION, _SET_SIZE, _SET_POINT) = (getattr(LogState, name).__set__ for name in LogState.__slots__)
+ _SET_VERSION, _SET_SIZE, _SET_POINT, _SET_GENERATION) = (
+    getattr(LogState, name).__set__ for name in LogState.__slots__
+)
 assert LogState.__slots__ == tuple(f for f in LogState.__dataclass_fields__), "state_of's order"
 
 
@@ -201,6 +205,7 @@ def state_of(
     version: int,
     size: int,
     point: bytes,
+    generation: int,
 ) -> LogState:
     """``LogState(...)`` with every field, in field order, for the one built on every commit: the frozen
     dataclass's ``__init__`` sets each field through ``object.__setattr__``; the slots' own descriptors
@@ -217,6 +222,7 @@ def state_of(
     _SET_VERSION(state, version)
     _SET_SIZE(state, size)
     _SET_POINT(state, point)
+    _SET_GENERATION(state, generation)
     return state
 
 

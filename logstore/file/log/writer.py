@@ -1,5 +1,6 @@
-"""Writing one group commit: a frame per accepted batch, all carrying the write's start offset, written
-with one ``pwrite`` and made durable with one ``fdatasync`` (``write_group``).
+"""Writing one group commit: a frame per accepted batch, all carrying the write's start offset
+(``EncodedGroup``, the one record of a commit), written with one ``pwrite`` and made durable with one
+``fdatasync`` (``write_group``); the state after it (``committed``).
 
 ``encode_group`` is pure: the leader calls it under its locks with the state it just refreshed. A
 batch that would pass ``MAX_CONVERSATION_ITEMS`` gets ``ConversationFull`` as its outcome and takes no
@@ -24,18 +25,7 @@ from .index_codec import encode_entry
 from .recovery import LogState, state_of
 from .tail import UNPREALLOCATED_WRITE, grown_size, next_chunk
 
-__all__ = ["CommitInfo", "EncodedGroup", "Written", "encode_group", "write_group"]
-
-
-class CommitInfo(NamedTuple):
-    """What the manifest needs to know after a commit (all times in microseconds). Immutable; a
-    NamedTuple like the other per-commit records here (``EncodedGroup``)."""
-
-    conversation_id: str
-    created_at: int
-    last_appended_at: int
-    log_size: int
-    next_seq: int
+__all__ = ["EncodedGroup", "committed", "encode_group", "preallocated", "write_group"]
 
 
 class EncodedGroup(NamedTuple):
@@ -141,45 +131,43 @@ def _encode_one(
     )
 
 
-class Written(NamedTuple):
-    state: LogState  # the state after the commit, to publish
-    fsync_seconds: float
-    chunk: int  # the handle's last preallocated chunk (``tail.next_chunk``)
-
-
-def write_group(
-    ops: FileOps,
-    fd: int,
-    state: LogState,
-    encoded: EncodedGroup,
-    *,
-    chunk: int,
-    dirs: DurableDirs,
-    directory: str,
-    point: bytes = b"",
-) -> Written:
-    """Write ``encoded`` at the end of the log ``state`` describes: one ``pwrite``, one ``fdatasync``,
-    plus, for a log's first frame, its entry in ``directory`` and the directory's own (``dirs.log_entry``:
-    durable before anything in it is acknowledged; done here, not at creation, so a failed directory
-    fsync is retried with the append).
-    A v2 log that would pass its file's end grows by a zero-filled chunk in the same write
-    (``tail``), unless the write is large (``UNPREALLOCATED_WRITE``): that one just extends the file.
-    Raises ``OSError``: the caller poisons the handle, nothing is acknowledged."""
+def preallocated(state: LogState, encoded: EncodedGroup, chunk: int) -> tuple[bytes, int, int]:
+    """What the write of ``encoded`` at the end of the log ``state`` describes puts in the file: its
+    bytes, the file's size after it, and the handle's last preallocated chunk (``tail.next_chunk``). A v2
+    log that would pass its file's end grows by a zero-filled chunk in the same write (``tail``), unless
+    the write is large (``UNPREALLOCATED_WRITE``): that one just extends the file."""
     data, size = encoded.data, max(state.size, encoded.end)
     if state.version >= 2 and encoded.end > state.size and len(data) < UNPREALLOCATED_WRITE:
         chunk = next_chunk(chunk)
         size = grown_size(encoded.end, chunk)
         data += bytes(size - encoded.end)
-    ops.pwrite(fd, data, encoded.write_start)
+    return data, size, chunk
+
+
+def write_group(
+    ops: FileOps, fd: int, data: bytes, offset: int, *, dirs: DurableDirs, directory: str
+) -> float:
+    """One ``pwrite`` of a group's bytes (``preallocated``) at ``offset``, one ``fdatasync``, plus, for a
+    log's first frame, its entry in ``directory`` and the directory's own (``dirs.log_entry``: durable
+    before anything in it is acknowledged; done here, not at creation, so a failed directory fsync is
+    retried with the append). Returns the ``fdatasync``'s seconds. Raises ``OSError``: the caller
+    poisons the handle, nothing is acknowledged."""
+    ops.pwrite(fd, data, offset)
     started = time.perf_counter()
     ops.fdatasync(fd)
     fsync_seconds = time.perf_counter() - started
-    if encoded.write_start == 0:
+    if offset == 0:
         dirs.log_entry(directory)
+    return fsync_seconds
+
+
+def committed(state: LogState, encoded: EncodedGroup, *, size: int, point: bytes) -> LogState:
+    """The state after ``encoded`` was written at the end of the log ``state`` describes and made durable,
+    the file ``size`` bytes long, agreeing with the commit point record ``point``."""
     state.entries.extend(encoded.entries)  # past ``state.frames``: invisible until the new state is out
     # Every field, in order (``state_of``: neither dataclasses.replace nor the frozen __init__, whose
     # cost is in docs/PERFORMANCE.md; tests/test_log_writer.py checks that no field is dropped).
-    after = state_of(
+    return state_of(
         state.entries,
         state.frames + len(encoded.accepted),
         encoded.end,
@@ -190,6 +178,6 @@ def write_group(
         state.torn_at,
         state.version,
         size,
-        point,  # the commit point record the caller writes once this returns (durable)
+        point,
+        state.generation,
     )
-    return Written(after, fsync_seconds, chunk)

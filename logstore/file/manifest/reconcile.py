@@ -25,8 +25,8 @@ from typing import Protocol
 from ...core.errors import Corrupted, Io, LogstoreError, Timeout, Unavailable
 from .. import boot, layout
 from ..fileio import FileOps
-from ..log.conversation import CommitInfo
 from ..log.freshness import Past, past_end
+from ..log.recovery import LogState
 from .codec import Entry, Session
 
 __all__ = [
@@ -54,13 +54,13 @@ class SweptIndex(Protocol):
 
     def entry(self, cid: str) -> Entry | None: ...
 
-    def reconciled(self, cid: str, probed: Entry, info: CommitInfo | None, log_path: str) -> None:
+    def reconciled(self, cid: str, probed: Entry, info: LogState | None, log_path: str) -> None:
         """Take in what recovery says of ``cid``'s log (``probed``: the entry it was compared with)."""
 
     def sweep_ids(self) -> Iterator[str]:
         """Every conversation the index knows now."""
 
-    def open_conversation(self, cid: str) -> CommitInfo | None:
+    def open_conversation(self, cid: str) -> LogState | None:
         """Open ``cid`` (recovery runs if its log needs it): what its log holds, None if no items."""
 
     def close_sessions(self, dead: set[Session]) -> None:
@@ -188,7 +188,7 @@ class Reconciliation:
         if self._thread is not threading.current_thread():
             self._thread.join()
 
-    def touch(self, cid: str, summary: Callable[[], CommitInfo | None]) -> None:
+    def touch(self, cid: str, summary: Callable[[], LogState | None]) -> None:
         """Reconcile ``cid`` ahead of the sweep. Best effort: a failure leaves it to the sweep (the
         request that touched it meets its own errors)."""
         if cid not in self._touched:
@@ -199,7 +199,7 @@ class Reconciliation:
                 self._touched.discard(cid)
                 log.warning("reconciling %s on first use failed (the sweep retries): %s", cid, exc)
 
-    def _check(self, cid: str, summary: Callable[[], CommitInfo | None]) -> None:
+    def _check(self, cid: str, summary: Callable[[], LogState | None]) -> None:
         entry = self._manifest.entry(cid)
         path = self._paths(cid)
         if entry is not None and log_may_differ(self._manifest.ops, path, entry):

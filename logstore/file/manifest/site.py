@@ -40,7 +40,7 @@ from ...core.errors import Io
 from ...core.models import ConversationListing, ConversationSummary, micros_to_datetime
 from .. import layout
 from ..fileio import FileOps
-from ..log.conversation import CommitInfo
+from ..log.recovery import LogState
 from .codec import MARK_CLOSE, MARK_OPEN, Entry, Session, encode_mark, encode_record, erased_entry
 from .compaction import Compactor, compact_locked
 from .reconcile import Reconciliation, end_session, new_session
@@ -67,7 +67,7 @@ class SiteManifest(SweepSide):
         *,
         site: str,
         cursor_key: bytes,
-        open_conversation: Callable[[str], CommitInfo | None],
+        open_conversation: Callable[[str], LogState | None],
     ) -> None:
         self.ops = ops
         self.site = site
@@ -197,16 +197,18 @@ class SiteManifest(SweepSide):
             self._append_record(cid, entry, sync=True)
             self._table.apply(cid, entry)
 
-    def record_commit(self, info: CommitInfo) -> None:
-        """Note a durable append (called under the conversation lock, after the log's fdatasync)."""
-        entry = Entry(info.created_at, info.last_appended_at, info.log_size, info.next_seq)
+    def record_commit(self, cid: str, state: LogState) -> None:
+        """Note a durable append (called under the conversation lock, after the log's fdatasync), from
+        the conversation's state after it (a log with items: both times set)."""
+        assert state.created_at is not None and state.last_at is not None
+        entry = Entry(state.created_at, state.last_at, state.end, state.next_seq)
         with self._lock:
             try:
                 self.ensure_loaded()
-                self._table.apply(info.conversation_id, entry)
-                self._append_logged(info.conversation_id, entry)
+                self._table.apply(cid, entry)
+                self._append_logged(cid, entry)
             except BaseException:  # not only Io (logged by _append_logged): no clean close mark, so the
-                self._unwritten[info.conversation_id] = entry  # next load reconciles
+                self._unwritten[cid] = entry  # next load reconciles
                 raise
 
     def record_erased(self, cid: str) -> None:

@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable, Iterator
 
 from ..fileio import FileOps
-from ..log.conversation import CommitInfo
+from ..log.recovery import LogState
 from .codec import MARK_CLOSE, Entry, Session, encode_mark, erased_entry
 from .reconcile import Reconciliation
 from .table import ManifestTable
@@ -50,7 +50,7 @@ class SweepSide:
         """Wait for the background reconciliation (if any); False on timeout."""
         return self._reconciliation is None or self._reconciliation.wait(timeout)
 
-    def touch(self, cid: str, summary: Callable[[], CommitInfo | None]) -> None:
+    def touch(self, cid: str, summary: Callable[[], LogState | None]) -> None:
         """A conversation's first use: while the sweep runs, reconcile it now from its open handle."""
         if self._reconciliation is not None and self._reconciliation.running:
             self._reconciliation.touch(cid, summary)
@@ -59,12 +59,13 @@ class SweepSide:
         with self._lock:
             return self._table.get(cid)
 
-    def reconciled(self, cid: str, probed: Entry, info: CommitInfo | None, log_path: str) -> None:
+    def reconciled(self, cid: str, probed: Entry, info: LogState | None, log_path: str) -> None:
         """Take in what recovery says of ``cid``'s log (None: no items), ``probed`` being the entry it was
         compared with. Lowering an entry (log gone or empty) only if no commit changed it meanwhile."""
         with self._lock:
             if info is not None:
-                record = Entry(info.created_at, info.last_appended_at, info.log_size, info.next_seq)
+                assert info.created_at is not None and info.last_at is not None  # (``summary``: items)
+                record = Entry(info.created_at, info.last_at, info.end, info.next_seq)
                 if self._table.apply(cid, record):
                     self._append_logged(cid, record)
             elif self._table.get(cid) != probed:
