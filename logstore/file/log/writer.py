@@ -159,9 +159,9 @@ def write_group(
     point: bytes = b"",
 ) -> Written:
     """Write ``encoded`` at the end of the log ``state`` describes: one ``pwrite``, one ``fdatasync``,
-    plus, for a log's first frame, its entry in ``directory`` and the directory's own (``dirs.log_entry``:
-    durable before anything in it is acknowledged; done here, not at creation, so a failed directory
-    fsync is retried with the append).
+    plus, for a log's first frame, its entry in ``directory`` and the directory's own (``dirs.log_entry``,
+    on a helper thread while the frames' ``fdatasync`` runs: durable before anything in it is
+    acknowledged; done here, not at creation, so a failed directory fsync is retried with the append).
     A v2 log that would pass its file's end grows by a zero-filled chunk in the same write
     (``tail``), unless the write is large (``UNPREALLOCATED_WRITE``): that one just extends the file.
     Raises ``OSError``: the caller poisons the handle, nothing is acknowledged."""
@@ -172,10 +172,11 @@ def write_group(
         data += bytes(size - encoded.end)
     ops.pwrite(fd, data, encoded.write_start)
     started = time.perf_counter()
-    ops.fdatasync(fd)
+    if encoded.write_start == 0:  # the log's entry at the same time (``DurableDirs.log_entry_alongside``)
+        dirs.log_entry_alongside(directory, lambda: ops.fdatasync(fd))
+    else:
+        ops.fdatasync(fd)
     fsync_seconds = time.perf_counter() - started
-    if encoded.write_start == 0:
-        dirs.log_entry(directory)
     state.entries.extend(encoded.entries)  # past ``state.frames``: invisible until the new state is out
     # Every field, in order (``state_of``: neither dataclasses.replace nor the frozen __init__, whose
     # cost is in docs/PERFORMANCE.md; tests/test_log_writer.py checks that no field is dropped).
