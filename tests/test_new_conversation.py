@@ -2,8 +2,9 @@
 why each sync is there (the power loss cases below; tests/test_torture_powerloss.py is the judge of all).
 
 Per new conversation in a fan-out directory this process already proved durable: 3 syncs - the manifest's
-creation record (fdatasync, before the log exists: manifest ⊇ logs), the frame (fdatasync), the log's
-directory entry (directory fsync, before the first acknowledgement) - and the commit point written twice:
+creation record (fdatasync, before the log exists: manifest ⊇ logs), then at once the frame (fdatasync)
+and the log's directory entry (directory fsync on a helper thread; both before the first
+acknowledgement) - and the commit point written twice:
 a record at 0 before the log exists, so that a reader never waits for a creator that stalls, then the
 commit's (it used to be written three times: that record, recovery's rewrite of it, the commit's).
 """
@@ -11,9 +12,11 @@ commit's (it used to be written three times: that record, recovery's rewrite of 
 from __future__ import annotations
 
 import errno
+import multiprocessing
 import os
 import random
 import shutil
+import threading
 
 import pytest
 
@@ -102,10 +105,11 @@ def test_new_conversation_in_a_proven_directory_costs_three_syncs_and_two_record
             ops.reset()
             got = store.append(SITE, cid, ITEMS + ITEMS)
             paths = conversation_paths(store.data_dir, SITE, cid)
-            assert kinds(ops.syncs, paths) == [
-                ("fdatasync", "journal"),  # the creation record, before the log exists
+            synced = kinds(ops.syncs, paths)
+            assert synced[0] == ("fdatasync", "journal")  # the creation record, before the log exists
+            assert sorted(synced[1:]) == [  # at once (``log_entry_alongside``), before the acknowledgement
                 ("fdatasync", "log"),  # the frame
-                ("fsync_dir", "fan-out dir"),  # the log's entry, before the acknowledgement
+                ("fsync_dir", "fan-out dir"),  # the log's entry
             ]
             # twice: a record at 0 before the log exists (readers never wait for its creator), the commit
             assert ops.point_writes == [paths.lock, paths.lock]
@@ -245,3 +249,125 @@ def test_regression_frames_of_a_creator_that_died_before_its_entry_was_durable(t
         assert _crash_and_read(fs, cid) == served  # acknowledged, and served: durable
     finally:
         dead.close()
+
+
+class AlongsideProbe(CountingOps):
+    """Holds the first ``fdatasync`` of the log ``log`` until the fsync of ``directory`` has started (or 10 s
+    passed): it can start only if the two run at once. ``fail_entry``: that directory fsync fails (EIO)."""
+
+    def __init__(self, log: str, directory: str, *, fail_entry: bool = False) -> None:
+        super().__init__()
+        self.log, self.directory, self.fail_entry = log, directory, fail_entry
+        self.entry_started = threading.Event()
+        self.frames_failed = threading.Event()
+        self.entry_done = threading.Event()
+        self.overlapped: bool | None = None
+        self.entry_done_before_return: bool | None = None
+
+    def fdatasync(self, fd: int) -> None:
+        if self._paths.get(fd) == self.log and self.overlapped is None:
+            self.overlapped = self.entry_started.wait(timeout=10)
+        super().fdatasync(fd)
+
+    def fsync_dir(self, path: str) -> None:
+        if path != self.directory:
+            super().fsync_dir(path)
+            return
+        self.entry_started.set()
+        try:
+            if self.fail_entry:
+                raise OSError(errno.EIO, "injected")
+            super().fsync_dir(path)
+        finally:
+            self.entry_done.set()
+
+
+def _probe(tmp_path, cid: str, **kwargs) -> tuple[str, AlongsideProbe]:
+    data = str(tmp_path / "data")
+    paths = conversation_paths(data, SITE, cid)
+    return data, AlongsideProbe(paths.log, paths.directory, **kwargs)
+
+
+def test_the_first_frames_and_the_log_entry_are_synced_at_once(tmp_path):
+    """P14: the first commit's two syncs run at the same time (the entry on a helper thread), so a new
+    conversation waits for two syncs in a row, not three; the append returns once both are done."""
+    cid = "conv-alongside"
+    data, ops = _probe(tmp_path, cid)
+    with Store(data, file_ops=ops) as store:
+        got = store.append(SITE, cid, ITEMS)
+        assert ops.overlapped is True
+        assert ops.entry_done.is_set()
+        assert got.first == 0 and [i.payload for i in store.replay(SITE, cid, 0, 10)] == ITEMS
+
+
+def test_a_failed_entry_fsync_on_the_helper_fails_the_first_append(tmp_path):
+    """The log's entry fsync fails on the helper thread: the append fails (retryable ``Io``), nothing of it
+    is acknowledged or served, and the retry makes the entry durable and lands at seq 0."""
+    cid = "conv-entry-fails"
+    data, ops = _probe(tmp_path, cid, fail_entry=True)
+    with Store(data, file_ops=ops) as store:
+        with pytest.raises(Io):
+            store.append(SITE, cid, [{"try": 1}])
+        assert ops.overlapped is True
+        assert store.replay(SITE, cid, 0, 10) == []
+        ops.fail_entry = False
+        ops.reset()
+        got = store.append(SITE, cid, [{"try": 2}])
+        assert got.first == 0
+        assert ("fsync_dir", "fan-out dir") in kinds(ops.syncs, conversation_paths(data, SITE, cid))
+        assert [i.payload for i in store.replay(SITE, cid, 0, 10)] == [{"try": 2}]
+
+
+class FailingFramesOps(AlongsideProbe):
+    """The log's first ``fdatasync`` fails (EIO) once the entry fsync started; the entry fsync is held
+    until then, so the failure returns while the helper still works unless the commit waits for it."""
+
+    def fdatasync(self, fd: int) -> None:
+        if self._paths.get(fd) == self.log and self.overlapped is None:
+            self.overlapped = self.entry_started.wait(timeout=10)
+            self.frames_failed.set()
+            raise OSError(errno.EIO, "injected")
+        super().fdatasync(fd)
+
+    def fsync_dir(self, path: str) -> None:
+        if path == self.directory and not self.entry_started.is_set():
+            self.entry_started.set()
+            self.frames_failed.wait(timeout=10)
+            threading.Event().wait(0.2)  # still in it well after: a commit that did not wait has returned
+            super().fsync_dir(path)
+            self.entry_done.set()
+            return
+        super().fsync_dir(path)
+
+
+def test_a_failed_first_fdatasync_returns_only_after_the_entry_fsync(tmp_path):
+    """No fsync of a failed commit outlives it: the error comes back once the helper is done."""
+    cid = "conv-frames-fail"
+    data, ops = _probe(tmp_path, cid)
+    ops.__class__ = FailingFramesOps
+    with Store(data, file_ops=ops) as store:
+        with pytest.raises(Io):
+            store.append(SITE, cid, [{"try": 1}])
+        assert ops.overlapped is True and ops.entry_done.is_set()
+        assert store.append(SITE, cid, [{"try": 2}]).first == 0
+
+
+def _child_creates(data: str) -> None:
+    with Store(data) as store:
+        store.append(SITE, "conv-in-child", ITEMS)
+
+
+def test_a_forked_child_creates_conversations_after_its_parent_did(tmp_path):
+    """The helper threads are the parent's: a forked child (``serve --workers``, the torture's fork
+    server) starts its own instead of queueing on a pool no thread of it runs (it hung)."""
+    data = str(tmp_path / "data")
+    with Store(data) as store:
+        store.append(SITE, "conv-in-parent", ITEMS)  # the parent's helper threads exist
+        child = multiprocessing.get_context("fork").Process(target=_child_creates, args=(data,))
+        child.start()
+        child.join(timeout=60)
+        if child.is_alive():
+            child.kill()
+            child.join()
+        assert child.exitcode == 0
+        assert [i.payload for i in store.replay(SITE, "conv-in-child", 0, 10)] == ITEMS

@@ -27,15 +27,69 @@ A directory that goes (a purge removes the site's tree) is forgotten when its re
 proven again when it is made again. The set is bounded by the fan-out (65,536 leaves and 256 parents
 per site). What this cannot see: a purge that removed a directory proven here and another process that
 made it again and died before fsyncing its parent, all before this process's next log there.
+
+A first commit runs its log's entry fsync on a helper thread while it fdatasyncs the frames
+(``log_entry_alongside``, issue 35 P14): the two are not ordered against each other, both are done before
+the acknowledgement, and so a new conversation's first append waits for two syncs in a row (the
+manifest's creation record, then these two at once), not three.
 """
 
 from __future__ import annotations
 
 import os
+import threading
+from collections.abc import Callable
 
 from .fileio import FileOps
 
 __all__ = ["DurableDirs"]
+
+
+class _Helper:
+    """One helper thread that runs one call at a time, handed over with two plain locks (a thread pool's
+    futures cost ~100 us of CPU more per first commit: docs/PERFORMANCE.md, P14). Daemon: it holds no
+    descriptor between calls, and waits on its lock at exit."""
+
+    __slots__ = ("_go", "_done", "_call", "error")
+
+    def __init__(self) -> None:
+        self._go, self._done = threading.Lock(), threading.Lock()
+        self._go.acquire()
+        self._done.acquire()
+        self._call: Callable[[], None] | None = None
+        self.error: BaseException | None = None
+        threading.Thread(target=self._run, name="logstore-entry-fsync", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            self._go.acquire()
+            try:
+                assert self._call is not None
+                self._call()
+            except BaseException as exc:  # handed to the caller, who raises it
+                self.error = exc
+            self._call = None
+            self._done.release()
+
+    def start(self, call: Callable[[], None]) -> None:
+        self._call, self.error = call, None
+        self._go.release()
+
+    def wait(self) -> None:
+        self._done.acquire()
+
+
+# Idle helpers, shared by every store of the process: a first commit takes one (or starts one) and gives
+# it back once its call is done, so there are as many as first commits ever ran at once.
+_idle: list[_Helper] = []
+
+
+def _forget_helpers() -> None:
+    """In a forked child: the parent's helper threads do not exist here."""
+    _idle.clear()
+
+
+os.register_at_fork(after_in_child=_forget_helpers)
 
 
 class DurableDirs:
@@ -76,6 +130,33 @@ class DurableDirs:
         directory's own (``prove``). Raises ``OSError``."""
         self._ops.fsync_dir(directory)
         self.prove(directory)
+
+    def log_entry_alongside(self, directory: str, sync: Callable[[], None]) -> None:
+        """``sync()`` (the ``fdatasync`` of a new log's first frames) and ``log_entry(directory)`` at once,
+        the entry on a helper thread. Neither is ordered against the other, and both are done before the
+        first frames are acknowledged: a crash between them leaves an entry with no durable frame or
+        durable frames with no entry, never acknowledged either way, the states a crash between the two in
+        a row already left. Returns only once both are done (also when ``sync`` raises: no fsync of ours
+        outlives a failed commit); raises ``sync``'s error first, else the entry's. At interpreter exit
+        (no new threads) the two run in a row."""
+        try:
+            helper = _idle.pop()
+        except IndexError:
+            try:
+                helper = _Helper()
+            except RuntimeError:  # interpreter shutdown: no new threads; the two in a row
+                sync()
+                self.log_entry(directory)
+                return
+        helper.start(lambda: self.log_entry(directory))
+        try:
+            sync()
+        finally:
+            helper.wait()  # an interrupt here propagates; the helper, never given back, finishes alone
+        error, helper.error = helper.error, None
+        _idle.append(helper)  # given back only after its error was taken: another commit resets it
+        if error is not None:
+            raise error
 
     def forget(self) -> None:
         """A directory was found gone (a purge): prove everything again from here on."""

@@ -148,17 +148,17 @@ def write_group(
     ops: FileOps, fd: int, data: bytes, offset: int, *, dirs: DurableDirs, directory: str
 ) -> float:
     """One ``pwrite`` of a group's bytes (``preallocated``) at ``offset``, one ``fdatasync``, plus, for a
-    log's first frame, its entry in ``directory`` and the directory's own (``dirs.log_entry``: durable
-    before anything in it is acknowledged; done here, not at creation, so a failed directory fsync is
-    retried with the append). Returns the ``fdatasync``'s seconds. Raises ``OSError``: the caller
-    poisons the handle, nothing is acknowledged."""
+    log's first frame, its entry in ``directory`` and the directory's own (``dirs.log_entry``, on a helper
+    thread while the frames' ``fdatasync`` runs: durable before anything in it is acknowledged; done here,
+    not at creation, so a failed directory fsync is retried with the append). Returns the ``fdatasync``'s
+    seconds. Raises ``OSError``: the caller poisons the handle, nothing is acknowledged."""
     ops.pwrite(fd, data, offset)
     started = time.perf_counter()
-    ops.fdatasync(fd)
-    fsync_seconds = time.perf_counter() - started
-    if offset == 0:
-        dirs.log_entry(directory)
-    return fsync_seconds
+    if offset == 0:  # the log's entry at the same time (``DurableDirs.log_entry_alongside``)
+        dirs.log_entry_alongside(directory, lambda: ops.fdatasync(fd))
+    else:
+        ops.fdatasync(fd)
+    return time.perf_counter() - started
 
 
 def committed(state: LogState, encoded: EncodedGroup, *, size: int, point: bytes) -> LogState:
