@@ -78,9 +78,7 @@ class ToolThreads:
             del call, value, error
 
     def _start_thread(self) -> None:
-        thread = threading.Thread(
-            target=self._work, name=f"logstore-tool_{len(self._threads)}", daemon=True
-        )
+        thread = threading.Thread(target=self._work, name=f"logstore-tool_{len(self._threads)}", daemon=True)
         thread.start()
         self._threads.append(thread)
 
