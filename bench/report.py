@@ -279,7 +279,7 @@ def _merge_rows(block: str, rows: Sequence[Row], table: str, source: str, env: d
     loads = f", load average {load[0][0]:.1f} -> {load[1][0]:.1f}" if load[0] and load[1] else ""
     while kept_head and kept_head[-1] == "":
         kept_head.pop()
-    head = [*kept_head, f"{_PARTIAL}{', '.join(ids)}: {source}{loads}.", ""]
+    head = [*kept_head, "", f"{_PARTIAL}{', '.join(ids)}: {source}{loads}.", ""]
     new_rows = table.split("\n")[2:]
     body: list[str] = []
     placed = False
