@@ -2,8 +2,11 @@
 
 ``logstore serve`` never uses this module (it lives in bench/, outside the server package). It exists so
 that the cost of ``append_memory`` can be put next to the cost of the HTTP/MCP stack itself: the ``noop``
-tool goes through the same uvicorn, Basic auth, session manager, argument validation and error funnel, but
-returns a constant without touching storage or a worker thread.
+tool goes through the same uvicorn, guards, Basic auth, fast lane (``server.mcp.fast_lane`` serves every
+binding, so a light client's ``noop`` never reaches the SDK), argument decoding and error funnel, but
+returns a constant without touching storage or a worker thread. ``noop_thread`` is the same tool run in a
+worker thread (the executor hop an ``append_memory`` takes): append - noop_thread is the engine's share of
+a call, noop_thread - noop the hop's (docs/PERFORMANCE.md, "P6: append vs noop").
 
     python -m bench.bench_app --data-dir D --port P [--loop asyncio|uvloop]
 """
@@ -22,7 +25,7 @@ from server.mcp.spec_tools import ToolDef
 from server.mcp.validation import ArgumentValidator
 from server.runtime import open_store, uvicorn_config
 
-__all__ = ["NOOP_TOOL", "bench_bindings", "main"]
+__all__ = ["NOOP_TOOL", "NOOP_THREAD_TOOL", "bench_bindings", "main"]
 
 NOOP_TOOL = ToolDef(
     name="noop",
@@ -31,12 +34,22 @@ NOOP_TOOL = ToolDef(
     output_schema={"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]},
 )
 
+NOOP_THREAD_TOOL = ToolDef(
+    name="noop_thread",
+    description='Bench only: returns {"ok": true} from a worker thread without touching storage.',
+    input_schema=NOOP_TOOL.input_schema,
+    output_schema=NOOP_TOOL.output_schema,
+)
+
+
+def _ok(site: str, args: dict[str, object]) -> dict[str, object]:
+    return {"ok": True}
+
 
 def bench_bindings(store: StoreLike) -> dict[str, ToolBinding]:
     bindings = spec_bindings(store)
-    bindings["noop"] = ToolBinding(
-        NOOP_TOOL, lambda site, args: {"ok": True}, ArgumentValidator(NOOP_TOOL), blocking=False
-    )
+    bindings["noop"] = ToolBinding(NOOP_TOOL, _ok, ArgumentValidator(NOOP_TOOL), blocking=False)
+    bindings["noop_thread"] = ToolBinding(NOOP_THREAD_TOOL, _ok, ArgumentValidator(NOOP_THREAD_TOOL))
     return bindings
 
 

@@ -3,6 +3,9 @@
 - P6: ``append_memory`` (10 x 200 B items) against the ``noop`` tool of ``bench.bench_app`` (the production
   HTTP app, auth and MCP server plus a tool that touches neither storage nor a thread), 1 worker, light
   raw-HTTP client; P6-sdk is the same with the SDK client (what agents run), for its client CPU share.
+  The light client's noop is served by the fast lane like its append (the lane serves every binding),
+  so the two differ by the worker-thread hop, the 2.3 KB body and the engine's append (the SDK client's
+  stateless 2026-07-28 calls are the light client's bytes: the lane's too).
 - P6-cpu: the server's CPU seconds (all its processes, from /proc) divided by the calls, from P6's runs.
 - P6-w2: ``logstore serve --workers 2`` against ``--workers 1``, light client, with the share of calls
   each worker served (read from the kernel: which process holds each connection).

@@ -236,15 +236,61 @@ def results_block(text: str) -> str:
 
 
 def write_results_doc(
-    path: str, rows: Sequence[Row], env: dict[str, Any], command: str, profile: str
+    path: str,
+    rows: Sequence[Row],
+    env: dict[str, Any],
+    command: str,
+    profile: str,
+    *,
+    partial: bool = False,
 ) -> None:
-    """Replace the results block of ``path`` (docs/PERFORMANCE.md) with this run's Markdown table."""
+    """Replace the results block of ``path`` (docs/PERFORMANCE.md) with this run's Markdown table; with
+    ``partial`` (a ``--only`` run), replace only the rows of the ids this run measured (in place, or at
+    the table's end for a new id), keep every other row, and say in a line of their own where those rows
+    come from (a line for the same ids or fewer from an earlier partial run goes)."""
     with open(path, encoding="utf-8") as f:
         text = f.read()
     start, end = text.index(RESULTS_BEGIN) + len(RESULTS_BEGIN), text.index(RESULTS_END)
     when = str(env.get("time", ""))[:10]
-    block = f"\n`{command}` ({profile} profile), commit `{env.get('commit', '?')}`, {when}:\n\n"
-    block += format_table(rows, markdown=True) + "\n"
+    source = f"`{command}` ({profile} profile), commit `{env.get('commit', '?')}`, {when}"
+    table = format_table(rows, markdown=True)
+    whole = f"\n{source}:\n\n{table}\n"
+    block = _merge_rows(text[start:end], rows, table, source, env) if partial else whole
     with open(path + ".tmp", "w", encoding="utf-8") as f:
         f.write(text[:start] + block + text[end:])
     os.replace(path + ".tmp", path)
+
+
+_PARTIAL = "Rows "
+
+
+def _merge_rows(block: str, rows: Sequence[Row], table: str, source: str, env: dict[str, Any]) -> str:
+    ids = list(dict.fromkeys(r.id for r in rows))
+    lines = block.split("\n")
+    first_row = next(i for i, line in enumerate(lines) if line.startswith("|---"))
+
+    def superseded(line: str) -> bool:
+        return line.startswith(_PARTIAL) and set(line.split(":", 1)[0][len(_PARTIAL) :].split(", ")) <= set(
+            ids
+        )
+
+    kept_head = [line for line in lines[: first_row - 1] if not superseded(line)]
+    load = env.get("loadavg"), env.get("loadavg_end")
+    loads = f", load average {load[0][0]:.1f} -> {load[1][0]:.1f}" if load[0] and load[1] else ""
+    while kept_head and kept_head[-1] == "":
+        kept_head.pop()
+    head = [*kept_head, "", f"{_PARTIAL}{', '.join(ids)}: {source}{loads}.", ""]
+    new_rows = table.split("\n")[2:]
+    body: list[str] = []
+    placed = False
+    for line in lines[first_row + 1 :]:
+        if line.startswith("| ") and line.split(" | ", 1)[0][2:] in ids:
+            if not placed:
+                body += new_rows
+                placed = True
+            continue
+        body.append(line)
+    if not placed:
+        last = max(i for i, line in enumerate(body) if line.startswith("| ")) if body else -1
+        body[last + 1 : last + 1] = new_rows
+    return "\n".join([*head, *lines[first_row - 1 : first_row + 1], *body])

@@ -155,14 +155,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--write-doc",
         action="store_true",
-        help=f"also write the table into {DOC} (the one home of the figures; README points there)",
+        help=f"also write the table into {DOC} (the one home of the figures; README points there); with "
+        "--only, only the measured ids' rows are replaced",
     )
     args = parser.parse_args(argv)
     if args.show:
         doc, shown = load_json(args.show)
         print(format_table(shown, markdown=args.markdown))
         if args.write_doc:
-            write_results_doc(DOC, shown, doc["environment"], doc["command"], doc["profile"])
+            partial = "--only" in doc["command"].split()
+            write_results_doc(DOC, shown, doc["environment"], doc["command"], doc["profile"], partial=partial)
         print(f"\n{doc['command']} ({doc['profile']} profile, {doc['environment'].get('time')})")
         return 0
 
@@ -180,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print(format_table(rows, markdown=args.markdown))
     if args.write_doc:
-        write_results_doc(DOC, rows, env, command.strip(), profile.name)
+        write_results_doc(DOC, rows, env, command.strip(), profile.name, partial=bool(args.only))
     stamp = time.strftime("%Y%m%d-%H%M%S")
     json_path = os.path.join(args.out, f"bench-{profile.name}-{stamp}.json")
     write_json(json_path, profile.name, rows, env, command.strip())

@@ -46,3 +46,36 @@ def test_the_bench_rewrites_only_its_block(tmp_path):
     assert text.startswith("# P\n\nbefore\n") and text.endswith(f"{RESULTS_END}\nafter\n")
     block = results_block(text)
     assert "old table" not in block and "commit `abc1234`, 2026-12-03" in block and "| P7 | reopen |" in block
+
+
+def test_a_partial_run_replaces_only_its_rows(tmp_path):
+    doc = tmp_path / "PERFORMANCE.md"
+    table = "| id | measure |\n|---|---|\n| P1 | one |\n| P6 | old six |\n| P6-w2 | old w2 |\n| P7 | seven |"
+    source = "`python -m bench` (full profile), commit `a`, 2026-01-01:"
+    doc.write_text(f"x\n{RESULTS_BEGIN}\n{source}\n\n{table}\n{RESULTS_END}\n", encoding="utf-8")
+
+    def rows(*ids: str) -> list[Row]:
+        return [Row(id=i, measure=f"new {i}", unit="ms", value=Figure((1.0,))) for i in ids]
+
+    env = {"commit": "b", "time": "2026-02-02T00:00:00Z", "loadavg": (3.0, 0, 0), "loadavg_end": (4.5, 0, 0)}
+    write_results_doc(
+        str(doc), rows("P6", "P6-w2", "P6-new"), env, "python -m bench --only P6", "full", partial=True
+    )
+    block = results_block(doc.read_text(encoding="utf-8"))
+    lines = [line for line in block.split("\n") if line.startswith("| P")]
+    assert [line.split(" | ")[1].removesuffix(" |") for line in lines] == [
+        "one",
+        "new P6",
+        "new P6-w2",
+        "new P6-new",
+        "seven",
+    ]
+    assert "commit `a`, 2026-01-01" in block
+    assert (
+        "Rows P6, P6-w2, P6-new: `python -m bench --only P6` (full profile), commit `b`, 2026-02-02, "
+        in block
+    )
+    assert "load average 3.0 -> 4.5." in block
+    write_results_doc(str(doc), rows("P6"), env, "python -m bench --only P6", "full", partial=True)
+    block = results_block(doc.read_text(encoding="utf-8"))
+    assert block.count("Rows P6") == 2 and "Rows P6: " in block and block.count("| P6 |") == 1

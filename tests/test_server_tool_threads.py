@@ -60,12 +60,80 @@ def test_calls_beyond_the_limiter_wait_for_a_token() -> None:
         limiter = anyio.CapacityLimiter(2)
         threads = ToolThreads(limiter)
         tasks = [asyncio.ensure_future(threads.run(work)) for _ in range(5)]
-        while limiter.borrowed_tokens < 2 or limiter.statistics().tasks_waiting < 3:
+        # Both first calls running in their threads (an event, not a guess: with the gate opened before
+        # the second thread took its call, the two could run one after the other and peak at 1).
+        while len(running) < 2 or limiter.statistics().tasks_waiting < 3:
             await asyncio.sleep(0.001)
-        assert len(running) <= 2
+        assert len(running) == 2 and limiter.borrowed_tokens == 2
         gate.set()
         await asyncio.gather(*tasks)
         await asyncio.get_running_loop().run_in_executor(None, threads.shutdown)
 
     asyncio.run(main())
     assert peak[0] == 2
+
+
+class _Interrupt(BaseException):
+    pass
+
+
+def test_results_and_every_exception_reach_the_caller_and_threads_never_exceed_the_tokens() -> None:
+    names: set[str] = set()
+    lock = threading.Lock()
+
+    def work(n: int) -> int:
+        with lock:
+            names.add(threading.current_thread().name)
+        if n % 7 == 3:
+            raise ValueError(f"bad {n}")
+        if n % 7 == 5:
+            raise _Interrupt(n)
+        return n * 2
+
+    async def main() -> list[object]:
+        limiter = anyio.CapacityLimiter(3)
+        threads = ToolThreads(limiter)
+
+        async def one(n: int) -> object:
+            try:
+                return await threads.run(work, n)
+            except ValueError as exc:
+                return str(exc)
+            except _Interrupt as exc:
+                return ("interrupt", exc.args[0])
+
+        out = await asyncio.gather(*(one(n) for n in range(40)))
+        assert limiter.borrowed_tokens == 0
+        await asyncio.get_running_loop().run_in_executor(None, threads.shutdown)
+        return list(out)
+
+    out = asyncio.run(main())
+    expected: list[object] = [
+        f"bad {n}" if n % 7 == 3 else ("interrupt", n) if n % 7 == 5 else n * 2 for n in range(40)
+    ]
+    assert out == expected
+    assert 1 <= len(names) <= 3
+
+
+def test_shutdown_lets_every_queued_call_finish_and_joins_the_threads() -> None:
+    gate = threading.Event()
+    done: list[int] = []
+
+    def work(n: int) -> None:
+        gate.wait(30)
+        done.append(n)
+
+    async def main() -> None:
+        limiter = anyio.CapacityLimiter(2)
+        threads = ToolThreads(limiter)
+        tasks = [asyncio.ensure_future(threads.run(work, n)) for n in range(2)]
+        while limiter.borrowed_tokens < 2:
+            await asyncio.sleep(0.001)
+        stopping = asyncio.get_running_loop().run_in_executor(None, threads.shutdown)
+        gate.set()
+        await stopping
+        assert sorted(done) == [0, 1]
+        assert not any(t.name.startswith("logstore-tool") for t in threading.enumerate())
+        await asyncio.gather(*tasks)
+
+    asyncio.run(main())

@@ -1,22 +1,33 @@
-"""Worker threads for blocking tool calls over HTTP: one asyncio executor hop instead of anyio's.
+"""Worker threads for blocking tool calls over HTTP: one plain hand-off instead of anyio's or an executor's.
 
 ``anyio.to_thread.run_sync`` costs ~45 us of CPU per call here (its own worker-thread handshake and two
-event-loop checkpoints for the limiter); an executor's ``run_in_executor`` ~17 us (bench measure in
-docs/PERFORMANCE.md, issue 34). What is kept from anyio:
+event-loop checkpoints for the limiter). An executor's ``run_in_executor`` under ``asyncio.shield`` cost
+~196k instructions per call in the server (callgrind, ``noop_thread`` against ``noop`` in
+``bench.bench_app``): a ``concurrent.futures.Future`` with its condition variable, the work item, the
+executor's idle-semaphore bookkeeping, ``wrap_future``'s two chained futures with callbacks both ways, and
+``shield``'s outer future. Here a call is one tuple on a ``queue.SimpleQueue`` (C, no Python lock) that
+idle threads block on, and one ``call_soon_threadsafe`` back to the loop setting one future
+(docs/PERFORMANCE.md, "P6: append vs noop"). What is kept from anyio:
 
 - the one ``CapacityLimiter`` every blocking call of the server takes (tool calls, the UI's pages), so
-  ``--threads`` still bounds them all together; taken without a checkpoint when a token is free;
+  ``--threads`` still bounds them all together; taken without a checkpoint when a token is free. Threads
+  start on demand, one whenever more calls are in flight than threads exist, so never more than the
+  limiter's tokens;
 - a call is never abandoned: if the waiting task is cancelled, it still waits for its thread to finish
   (as ``run_sync`` without ``abandon_on_cancel``) and then raises, so nothing is mid-append when the
-  store closes; ``shutdown`` (at the app's end, before the store is closed) waits for every thread.
+  store closes; ``shutdown`` (at the app's end, before the store is closed) lets every queued call
+  finish and joins every thread. The threads are daemons only so that a process which never calls
+  ``shutdown`` (a test's) can exit: they block in ``SimpleQueue.get`` when idle;
+- whatever the function raises (``BaseException`` included: interrupts propagate) is raised to the caller.
 """
 
 from __future__ import annotations
 
 import asyncio
+import queue
+import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import anyio
 
@@ -25,12 +36,51 @@ __all__ = ["ToolThreads"]
 T = TypeVar("T")
 
 
+class _Call(Generic[T]):
+    """One call's state, touched only on the event loop's thread except ``fn``/``args`` (read by the
+    worker) and the outcome (written by ``_deliver``, which runs on the loop)."""
+
+    __slots__ = ("future", "finished", "value", "error")
+
+    def __init__(self, future: asyncio.Future[None]) -> None:
+        self.future = future
+        self.finished = False
+        self.value: T | None = None
+        self.error: BaseException | None = None
+
+
+def _deliver(call: _Call[Any], value: Any, error: BaseException | None) -> None:
+    call.finished, call.value, call.error = True, value, error
+    if not call.future.done():  # cancelled: the caller waits on a fresh future (``ToolThreads.run``)
+        call.future.set_result(None)
+
+
 class ToolThreads:
     def __init__(self, limiter: anyio.CapacityLimiter) -> None:
         self.limiter = limiter
-        self._pool = ThreadPoolExecutor(
-            max_workers=int(limiter.total_tokens), thread_name_prefix="logstore-tool"
-        )
+        self._jobs: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._in_flight = 0  # calls handed over and not yet delivered back (loop thread only)
+
+    def _work(self) -> None:
+        get = self._jobs.get
+        while (job := get()) is not None:
+            loop, call, fn, args = job
+            try:
+                value, error = fn(*args), None
+            except BaseException as exc:  # delivered to the caller, who raises it
+                value, error = None, exc
+            del job, fn, args
+            try:
+                loop.call_soon_threadsafe(_deliver, call, value, error)
+            except RuntimeError:  # the loop is closed: nobody is waiting any more
+                pass
+            del call, value, error
+
+    def _start_thread(self) -> None:
+        thread = threading.Thread(target=self._work, name=f"logstore-tool_{len(self._threads)}", daemon=True)
+        thread.start()
+        self._threads.append(thread)
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         try:
@@ -38,21 +88,35 @@ class ToolThreads:
         except anyio.WouldBlock:
             await self.limiter.acquire()
         try:
-            future = asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+            loop = asyncio.get_running_loop()
+            call: _Call[T] = _Call(loop.create_future())
+            self._in_flight += 1
             try:
-                return await asyncio.shield(future)
-            except asyncio.CancelledError:
-                while not future.done():  # the thread is not abandoned: wait for it, then propagate
-                    try:
-                        await asyncio.shield(future)
-                    except asyncio.CancelledError:
-                        continue
-                    except Exception:
-                        break
-                raise
+                if self._in_flight > len(self._threads):
+                    self._start_thread()
+                self._jobs.put((loop, call, fn, args))
+                try:
+                    await call.future
+                except asyncio.CancelledError:
+                    while not call.finished:  # the thread is not abandoned: wait for it, then propagate
+                        call.future = loop.create_future()
+                        try:
+                            await call.future
+                        except asyncio.CancelledError:
+                            continue
+                    raise
+            finally:
+                self._in_flight -= 1
+            if call.error is not None:
+                raise call.error
+            return call.value  # type: ignore[return-value]
         finally:
             self.limiter.release()
 
     def shutdown(self) -> None:
-        """Wait for every running call (blocking: run it in a thread)."""
-        self._pool.shutdown(wait=True)
+        """Let every queued call finish and join every thread (blocking: run it in a thread)."""
+        threads, self._threads = self._threads, []
+        for _ in threads:
+            self._jobs.put(None)
+        for thread in threads:
+            thread.join()
