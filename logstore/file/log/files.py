@@ -32,7 +32,16 @@ from .. import boot
 from ..durable_dirs import DurableDirs
 from ..fileio import FileOps
 from ..layout import ConversationPaths
-from .commit_point import RECORD_SIZE, CommitPoint, PointFile, decode, encode, new_epoch
+from .commit_point import (
+    RECORD_SIZE,
+    CommitPoint,
+    PointFile,
+    commit_prefix,
+    decode,
+    encode,
+    encode_commit,
+    new_epoch,
+)
 from .freshness import Action, Record, decide, observe_locked
 from .group_commit import ReaderGuard
 from .held import holds
@@ -64,6 +73,7 @@ class LogFiles:
         self._failed: FailedWrite | None = None
         self._state: LogState = EMPTY_STATE
         self._epoch = b""  # the commit point's epoch the published state belongs to
+        self._prefix: tuple[bytes, bytes] | None = None  # (boot id, its ``commit_prefix``); None: redo
         self._log_fd: int | None = None
         self._log_id: tuple[int, int, int] | None = None  # ``FileOps.file_id`` of ``_log_fd``
         self._point: PointFile | None = None  # the ``.lock`` file, for the commit point and its header
@@ -125,7 +135,7 @@ class LogFiles:
                 pass
             if self._point is not None:
                 self._point.close()
-            self._log_fd = self._log_id = self._point = self._trusted = None
+            self._log_fd = self._log_id = self._point = self._trusted = self._prefix = None
             self._index.close()
             self._loaded = False
 
@@ -135,7 +145,7 @@ class LogFiles:
 
     def _install(self, state: LogState, epoch: bytes) -> None:
         with self._state_lock:
-            self._state, self._epoch, self._loaded = state, epoch, True
+            self._state, self._epoch, self._loaded, self._prefix = state, epoch, True, None
 
     @property
     def _ino(self) -> int:
@@ -374,7 +384,10 @@ class LogFiles:
         Raises ``Io`` after poisoning: nothing of the group is acknowledged."""
         state, pf = self._state, self._point
         assert self._log_fd is not None and pf is not None and encoded.write_start == state.end
-        point = encode(CommitPoint(boot.boot_id(), self._epoch, self._ino, encoded.end, encoded.next_seq))
+        boot_id, prefix = boot.boot_id(), self._prefix
+        if prefix is None or prefix[0] is not boot_id:
+            self._prefix = prefix = (boot_id, commit_prefix(boot_id, self._epoch, self._ino))
+        point = encode_commit(prefix[1], encoded.end, encoded.next_seq)
         try:
             pf.bump()  # before the frames: a writer killed before its record leaves them past it
             done = write_group(

@@ -169,7 +169,7 @@ class SiteManifest(SweepSide):
         """A record whose loss only makes the listing lag: a failure is logged and remembered (no clean
         close mark then: the next load reconciles), not raised."""
         try:
-            self._append_record(cid, entry)
+            self._append_bytes(encode_record(cid, entry))  # (``_append_record``: a call less per commit)
         except Io as exc:
             self._unwritten[cid] = entry
             log.warning("%s", exc)
@@ -199,14 +199,16 @@ class SiteManifest(SweepSide):
 
     def record_commit(self, info: CommitInfo) -> None:
         """Note a durable append (called under the conversation lock, after the log's fdatasync)."""
+        cid = info.conversation_id
         entry = Entry(info.created_at, info.last_appended_at, info.log_size, info.next_seq)
         with self._lock:
             try:
-                self.ensure_loaded()
-                self._table.apply(info.conversation_id, entry)
-                self._append_logged(info.conversation_id, entry)
+                if not self._loaded:  # (``ensure_loaded``'s own check, without taking the lock again)
+                    self.ensure_loaded()
+                self._table.apply(cid, entry)
+                self._append_logged(cid, entry)
             except BaseException:  # not only Io (logged by _append_logged): no clean close mark, so the
-                self._unwritten[info.conversation_id] = entry  # next load reconciles
+                self._unwritten[cid] = entry  # next load reconciles
                 raise
 
     def record_erased(self, cid: str) -> None:
