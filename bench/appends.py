@@ -94,7 +94,7 @@ def measure_appends(profile: Profile, directory: str) -> list[Row]:
             baseline=fig(rates["rawN"]),
             baseline_name=f"raw {n} threads",
             ratio=paired_ratio(rates["engP"], rates["rawN"]),
-            goal=Goal(">=", 0.80, f">= 0.80x raw {n}-thread"),
+            goal=Goal(">=", 0.60, f">= 0.6x raw {n}-thread"),  # issue 35
         ),
         Row(
             "P2-1proc",

@@ -73,6 +73,30 @@ def test_ids():
         validate_site("a:b")
 
 
+def test_remembered_ids_keep_every_verdict():
+    """``core.ids`` remembers what passed (exact ``str`` only): a site name is not thereby a valid id
+    (8 characters at least), a subclass is checked each time, and the memory stays bounded."""
+    from logstore.core import ids
+
+    assert validate_site("short") == "short" and validate_site("short") == "short"
+    with pytest.raises(InvalidConversationId):
+        validate_conversation_id("short")  # remembered as a site, still too short for an id
+
+    class Sneaky(str):  # looks, to a dict, like a remembered id
+        def __eq__(self, other: object) -> bool:
+            return True
+
+        def __hash__(self) -> int:
+            return hash("abcdefgh-1")
+
+    validate_conversation_id("abcdefgh-1")
+    with pytest.raises(InvalidConversationId):
+        validate_conversation_id(Sneaky("bad id!"))  # never looked up: checked, and refused
+    for n in range(ids._REMEMBERED + 10):
+        validate_conversation_id(f"conversation-{n}")
+    assert len(ids._VALID_IDS) <= ids._REMEMBERED
+
+
 # --- payload rules: stored verbatim or rejected with the item's index and the JSON path -------------------
 
 

@@ -22,7 +22,7 @@ from logstore.file import statx
 from logstore.file.fileio import FILE_MODE, FileOps
 from logstore.file.layout import conversation_paths
 from logstore.file.locking import PathLock
-from logstore.file.log.commit_point import HEADER_SIZE, RECORD_SIZE
+from logstore.file.log.commit_point import HEADER_SIZE, RECORD_SIZE, decode
 
 SITE, CID = "site-a", "conv-counter"
 ITEMS = [{"role": "user", "content": "hello"}]
@@ -80,7 +80,9 @@ def lock_proofs(monkeypatch):
     return proofs
 
 
-def test_steady_append_makes_only_the_frame_write_its_sync_and_the_record(tmp_path, lock_proofs):
+def test_steady_append_makes_only_the_frame_write_and_its_sync(tmp_path, lock_proofs):
+    """The record moves through the lock file's shared mapping (no ``pwrite``): another descriptor's
+    ``pread`` sees it at once, at the new end, before the append returns."""
     ops = CallOps()
     with Store(str(tmp_path / "data"), file_ops=ops) as store:
         paths = conversation_paths(store.data_dir, SITE, CID)
@@ -89,10 +91,17 @@ def test_steady_append_makes_only_the_frame_write_its_sync_and_the_record(tmp_pa
             store.append(SITE, CID, ITEMS)
         ops.calls.clear()
         lock_proofs[0] = 0
-        for n in range(40):
-            store.append(SITE, CID, ITEMS)
-            assert ops.calls == [("pwrite", "log"), ("fdatasync", "log"), ("pwrite", "lock")], n
-            ops.calls.clear()
+        other, end = os.open(paths.lock, os.O_RDONLY), 0
+        try:
+            for n in range(40):
+                store.append(SITE, CID, ITEMS)
+                assert ops.calls == [("pwrite", "log"), ("fdatasync", "log")], n
+                ops.calls.clear()
+                point = decode(os.pread(other, RECORD_SIZE, 0))
+                assert point is not None and point.next_seq == n + 4 and point.end > end, n
+                end = point.end
+        finally:
+            os.close(other)
         assert lock_proofs[0] == 0
         assert [i.seq for i in store.replay(SITE, CID, 0, 100)] == list(range(43))
 
@@ -116,12 +125,13 @@ def test_another_owners_commit_sends_the_next_append_the_whole_way(tmp_path, loc
 
 class DiesBeforeItsRecord(FileOps):
     """A writer killed between its frame's ``fdatasync`` and its commit point (``BaseException``: nothing
-    catches it; ``finally`` blocks still drop the flock, as the kernel does for a dead process)."""
+    catches it; ``finally`` blocks still drop the flock, as the kernel does for a dead process). The
+    record moves through the lock file's mapping, so the kill comes as the log's ``fdatasync`` returns."""
 
     armed = False
 
-    def __init__(self, lock_path: str) -> None:
-        self.lock_path = lock_path
+    def __init__(self, log_path: str) -> None:
+        self.log_path = log_path
         self._paths: dict[int, str] = {}
 
     def open(self, path: str, flags: int, mode: int = FILE_MODE) -> int:
@@ -129,11 +139,11 @@ class DiesBeforeItsRecord(FileOps):
         self._paths[fd] = path
         return fd
 
-    def pwrite(self, fd: int, data: bytes | memoryview, offset: int) -> None:
-        if self.armed and self._paths.get(fd) == self.lock_path and offset == 0:
+    def fdatasync(self, fd: int) -> None:
+        super().fdatasync(fd)
+        if self.armed and self._paths.get(fd) == self.log_path:
             self.armed = False
             raise Killed()
-        super().pwrite(fd, data, offset)
 
 
 class Killed(BaseException):
@@ -145,7 +155,7 @@ def test_a_writer_that_died_before_its_record_is_taken_in_not_overwritten(tmp_pa
     the other owner, whose header is otherwise exactly as it left it."""
     data = str(tmp_path / "data")
     paths = conversation_paths(data, SITE, CID)
-    dying = DiesBeforeItsRecord(paths.lock)
+    dying = DiesBeforeItsRecord(paths.log)
     with Store(data) as a, Store(data, file_ops=dying) as b:
         a.append(SITE, CID, [{"n": 0}])
         assert b.append(SITE, CID, [{"n": 1}]).first == 1
@@ -180,7 +190,7 @@ def test_a_trim_by_another_owner_is_seen(tmp_path):
 
 def test_an_older_releases_lock_file_is_upgraded_by_the_first_commit(tmp_path):
     """An 84-byte lock file (the record alone) cannot hold the counter: the first commit writes it with
-    ``pwrite``, after which the header is mapped and the next append trusts it."""
+    ``pwrite``, after which the header is mapped, the next append trusts it and moves the record in it."""
     data = str(tmp_path / "data")
     with Store(data) as store:
         store.append(SITE, CID, ITEMS)
@@ -193,7 +203,7 @@ def test_an_older_releases_lock_file_is_upgraded_by_the_first_commit(tmp_path):
         assert os.path.getsize(paths.lock) == HEADER_SIZE
         ops.calls.clear()
         store.append(SITE, CID, ITEMS)
-        assert ops.calls == [("pwrite", "log"), ("fdatasync", "log"), ("pwrite", "lock")]
+        assert ops.calls == [("pwrite", "log"), ("fdatasync", "log")]  # the record: through the mapping
         assert [i.seq for i in store.replay(SITE, CID, 0, 10)] == [0, 1, 2]
 
 
@@ -263,7 +273,7 @@ def test_a_process_killed_before_its_record_is_taken_in_by_a_trusting_ones_next_
 
 class NoMapDies(DiesBeforeItsRecord):
     """A writer that cannot map the header (``vm.max_map_count``, a file system without shared mappings):
-    it bumps the counter with ``pread`` + ``pwrite``."""
+    it bumps the counter with ``pread`` + ``pwrite`` (and moves the record with ``pwrite``)."""
 
     def map_shared(self, fd: int, size: int) -> None:
         return None
@@ -272,7 +282,7 @@ class NoMapDies(DiesBeforeItsRecord):
 def test_a_writer_without_the_mapping_bumps_through_pwrite(tmp_path):
     data = str(tmp_path / "data")
     paths = conversation_paths(data, SITE, CID)
-    dying = NoMapDies(paths.lock)
+    dying = NoMapDies(paths.log)
     with Store(data) as a, Store(data, file_ops=dying) as b:
         a.append(SITE, CID, [{"n": 0}])
         assert b.append(SITE, CID, [{"n": 1}]).first == 1

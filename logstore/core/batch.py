@@ -260,7 +260,8 @@ def encode_item(item: Any, index: int) -> bytes:
                 raw = _verdict(item, index)
     else:
         raw = _verdict(item, index)
-    check_item_size(index, len(raw))
+    if len(raw) > MAX_ITEM_BYTES:  # (the call only to raise: one call less per item)
+        check_item_size(index, len(raw))
     return raw
 
 
@@ -351,12 +352,15 @@ def prepare_batch(items: Sequence[Any]) -> PreparedBatch:
     """Validate a batch against the spec's limits; return each item's canonical JSON."""
     if type(items) is not list and (isinstance(items, (str, bytes, dict)) or not isinstance(items, Sequence)):
         raise InvalidArgument("items must be a list of JSON objects", field="items")
-    check_batch_count(len(items))
-    encoded = []  # in order: the first broken rule or limit stops the batch
-    for index, item in enumerate(items):
-        encoded.append(encode_item(item, index))
-    check_batch_size(sum(map(len, encoded)))
-    return PreparedBatch(tuple(encoded))
+    count = len(items)
+    if not 0 < count <= MAX_BATCH_ITEMS:  # (the calls only to raise, as below)
+        check_batch_count(count)
+    # In order: the first broken rule or limit stops the batch.
+    encoded = tuple([encode_item(item, index) for index, item in enumerate(items)])
+    total = sum(map(len, encoded))
+    if total > MAX_BATCH_BYTES:
+        check_batch_size(total)
+    return PreparedBatch(encoded)
 
 
 # The batch limits, one home for every way in: appends here, imports (``core.imported``) too.

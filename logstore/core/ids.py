@@ -18,6 +18,13 @@ _CHARSET = re.compile(r"[A-Za-z0-9_-]*\Z")
 
 SITE_MIN_LEN = 1
 
+# Ids and sites that passed lately (exact ``str`` only, so a subclass's ``__eq__``/``__hash__`` never
+# decides): an agent appends to the same few conversations, and the regex match is most of a check
+# (docs/PERFORMANCE.md). Bounded: emptied when full. Only what passed goes in, so the verdicts are the same.
+_VALID_IDS: dict[str, None] = {}
+_VALID_SITES: dict[str, None] = {}
+_REMEMBERED = 4096
+
 
 def _reason(value: object, min_len: int = ID_MIN_LEN) -> str | None:
     if not isinstance(value, str):
@@ -41,8 +48,11 @@ def is_valid_site(value: object) -> bool:
 
 def validate_conversation_id(value: object) -> str:
     """Return ``value`` if it is a valid conversation id, else raise InvalidConversationId."""
+    if type(value) is str and value in _VALID_IDS:
+        return value
     reason = _reason(value)
     if reason is None and isinstance(value, str):
+        _remember(_VALID_IDS, value)
         return value
     reason = reason or "InvalidCharacters"  # for the type checker: a non-str always has a reason
     if not isinstance(value, str):
@@ -58,10 +68,20 @@ def validate_conversation_id(value: object) -> str:
 
 def validate_site(value: object) -> str:
     """Sites are named like conversation ids; a bad one is an argument error, not a conversation one."""
+    if type(value) is str and value in _VALID_SITES:
+        return value
     reason = _reason(value, SITE_MIN_LEN)
     if reason is None and isinstance(value, str):
+        _remember(_VALID_SITES, value)
         return value
     raise InvalidArgument(
         f"site name must be {SITE_MIN_LEN}-{ID_MAX_LEN} characters from [A-Za-z0-9_-] ({reason})",
         field="site",
     )
+
+
+def _remember(valid: dict[str, None], value: str) -> None:
+    if type(value) is str:
+        if len(valid) >= _REMEMBERED:
+            valid.clear()
+        valid[value] = None

@@ -74,6 +74,8 @@ __all__ = [
     "NO_RECORD",
     "CommitPoint",
     "encode",
+    "commit_prefix",
+    "encode_commit",
     "decode",
     "new_epoch",
     "read_raw",
@@ -86,6 +88,11 @@ __all__ = [
 MAGIC = b"LSCP"
 VERSION = 1
 _BODY = struct.Struct("<4sBxxx16s8sQQQQ16s")
+# A commit's record in two parts: what every record of one log in one epoch shares (magic .. inode), and
+# the rest with no damage (``encode_commit``: the same bytes as ``encode``, without building a record).
+_PREFIX = struct.Struct("<4sBxxx16s8sQ")
+_CLEAN = struct.Struct("<QQ24x")
+assert _PREFIX.size + _CLEAN.size == _BODY.size
 _CRC = struct.Struct("<I")
 RECORD_SIZE = _BODY.size + _CRC.size  # 84
 NO_RECORD = bytes(RECORD_SIZE)  # what ``invalidate`` writes: decodes to None, trusted by nobody
@@ -127,6 +134,18 @@ def encode(point: CommitPoint) -> bytes:
         offset,
         reason.encode("ascii", "replace")[:16],
     )
+    return body + _CRC.pack(crc32c(body))
+
+
+def commit_prefix(boot_id: bytes, epoch: bytes, ino: int) -> bytes:
+    """The part of ``encode_commit``'s record that stays the same within one epoch of one log."""
+    return _PREFIX.pack(MAGIC, VERSION, boot_id, epoch, ino)
+
+
+def encode_commit(prefix: bytes, end: int, next_seq: int) -> bytes:
+    """``encode(CommitPoint(boot_id, epoch, ino, end, next_seq))`` for ``prefix = commit_prefix(boot_id,
+    epoch, ino)``: a commit's record, written once per commit (a third of ``encode``'s instructions)."""
+    body = prefix + _CLEAN.pack(end, next_seq)
     return body + _CRC.pack(crc32c(body))
 
 
@@ -172,7 +191,7 @@ class PointFile:
     ``map`` and ``close`` are called under the owner's I/O lock; ``read`` by any thread inside the owner's
     reader guard (the mapping is unmapped only behind it)."""
 
-    __slots__ = ("ops", "fd", "_map", "_record", "_header", "_counter")
+    __slots__ = ("ops", "fd", "_map", "_record", "_header", "_counter", "_writable")
 
     def __init__(self, ops: FileOps, fd: int) -> None:
         self.ops = ops
@@ -181,6 +200,7 @@ class PointFile:
         self._record: Any = None  # ctypes arrays over the mapping (``.raw`` copies the bytes out)
         self._header: Any = None
         self._counter: Any = None
+        self._writable: Any = None  # ``_record`` when the mapping is writable (``write``), else None
 
     @classmethod
     def open(cls, ops: FileOps, path: str) -> PointFile:
@@ -208,7 +228,14 @@ class PointFile:
         return data[:RECORD_SIZE]
 
     def write(self, raw: bytes) -> None:
-        """Move the record (the holder of the flock only). Raises ``OSError``."""
+        """Move the record (the holder of the flock only). Raises ``OSError``. Through a writable mapping,
+        a store into the page cache's page, which every ``pread`` and mapping of the file sees at once,
+        as a ``pwrite``'s bytes (never fsynced either way): no syscall. A reader may see it torn, as it
+        could a ``pwrite``'s: the CRC, or the comparison with a state's record, tells."""
+        writable = self._writable
+        if writable is not None:
+            writable.raw = raw
+            return
         self.ops.pwrite(self.fd, raw, 0)
 
     def write_new(self, raw: bytes) -> None:
@@ -237,11 +264,12 @@ class PointFile:
             self._record = mapped.view(RECORD_SIZE)
             self._header = mapped.view(HEADER_SIZE)
             self._counter = mapped.u64(_COUNTER)
+            self._writable = self._record if mapped.writable else None
 
     def close(self) -> None:
         """Unmap and close (the owner, once no reader is inside its guard). Errors are dropped."""
         mapped, self._map = self._map, None
-        self._record = self._header = self._counter = None
+        self._record = self._header = self._counter = self._writable = None
         if mapped is not None:
             mapped.close()
         try:

@@ -35,7 +35,16 @@ from .. import boot
 from ..durable_dirs import DurableDirs
 from ..fileio import FileOps
 from ..layout import ConversationPaths
-from .commit_point import RECORD_SIZE, CommitPoint, PointFile, decode, encode, new_epoch
+from .commit_point import (
+    RECORD_SIZE,
+    CommitPoint,
+    PointFile,
+    commit_prefix,
+    decode,
+    encode,
+    encode_commit,
+    new_epoch,
+)
 from .freshness import Action, Record, decide, observe_locked
 from .group_commit import ReaderGuard
 from .held import holds
@@ -68,6 +77,7 @@ class LogFiles:
         self._failed: FailedWrite | None = None
         self._state: LogState = EMPTY_STATE
         self._epoch = b""  # the commit point's epoch the published state belongs to
+        self._prefix: tuple[bytes, bytes] | None = None  # (boot id, its ``commit_prefix``); None: redo
         self._log_fd: int | None = None
         self._log_id: tuple[int, int, int] | None = None  # ``FileOps.file_id`` of ``_log_fd``
         self._point: PointFile | None = None  # the ``.lock`` file, for the commit point and its header
@@ -125,7 +135,7 @@ class LogFiles:
                 pass
             if self._point is not None:
                 self._point.close()
-            self._log_fd = self._log_id = self._point = self._trusted = None
+            self._log_fd = self._log_id = self._point = self._trusted = self._prefix = None
             self._index.close()
             self._loaded = False
 
@@ -136,7 +146,8 @@ class LogFiles:
         """A (re)loaded state: it names the descriptors it was read through."""
         if state.generation != self._generation:
             state = replace(state, generation=self._generation)
-        self._state, self._epoch, self._loaded = state, epoch, True  # ``_loaded`` last: ``current``
+        # ``_loaded`` last (``current``); the commit point's prefix is the new epoch's (``write``).
+        self._state, self._epoch, self._prefix, self._loaded = state, epoch, None, True
 
     @property
     def _ino(self) -> int:
@@ -376,7 +387,10 @@ class LogFiles:
         acknowledged."""
         state, pf, fd = self._state, self._point, self._log_fd
         assert fd is not None and pf is not None and encoded.write_start == state.end
-        point = encode(CommitPoint(boot.boot_id(), self._epoch, self._ino, encoded.end, encoded.next_seq))
+        boot_id, prefix = boot.boot_id(), self._prefix
+        if prefix is None or prefix[0] is not boot_id:
+            self._prefix = prefix = (boot_id, commit_prefix(boot_id, self._epoch, self._ino))
+        point = encode_commit(prefix[1], encoded.end, encoded.next_seq)
         data, size, chunk = preallocated(state, encoded, self._chunk)
         try:
             pf.bump()  # before the frames: a writer killed before its record leaves them past it

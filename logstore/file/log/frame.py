@@ -125,6 +125,9 @@ class Invalid:
 
 def encode_items(items_json: Sequence[bytes]) -> bytes:
     """The item section of a frame: each item as u32 length + its bytes. Done before seqs are known."""
+    if len(items_json) == 1:  # the single item: no list, no join
+        raw = items_json[0]
+        return _U32.pack(len(raw)) + raw
     parts = []
     for raw in items_json:
         parts.append(_U32.pack(len(raw)))

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from typing import NamedTuple
 
 from crc32c import crc32c
 
@@ -50,8 +51,10 @@ _MARK = struct.Struct("<BB16sIQQ")  # 0, kind, boot id, pid, process start (cloc
 MARK_OPEN, MARK_CLOSE = 1, 2
 
 
-@dataclass(frozen=True, slots=True)
-class Entry:
+class Entry(NamedTuple):
+    """A conversation's listing state. Immutable; a NamedTuple, not a frozen dataclass: one is built per
+    commit record, and the frozen ``__init__`` cost ~3x as much (docs/PERFORMANCE.md)."""
+
     created_at: int
     last_appended_at: int
     log_size: int
@@ -67,12 +70,11 @@ class Entry:
 
 def encode_record(conversation_id: str, entry: Entry) -> bytes:
     cid = conversation_id.encode()
-    body = (
-        bytes([len(cid)])
-        + cid
-        + _RECORD.pack(entry.created_at, entry.last_appended_at, entry.log_size, entry.next_seq)
-    )
+    body = b"".join((_ID_LENGTH[len(cid)], cid, _RECORD.pack(*entry)))  # (created, last, size, next_seq)
     return _FRAME.pack(len(body), crc32c(body)) + body
+
+
+_ID_LENGTH = [bytes([n]) for n in range(256)]  # the u8 id length, without a list and bytes() per record
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,7 +219,7 @@ def merged(current: Entry | None, entry: Entry) -> Entry | None:
     if current is not None and not entry.newer_than(current):
         return current
     if current is not None and entry.created_at < 0:
-        return replace(entry, created_at=current.created_at)
+        return entry._replace(created_at=current.created_at)
     return entry
 
 

@@ -169,7 +169,7 @@ class SiteManifest(SweepSide):
         """A record whose loss only makes the listing lag: a failure is logged and remembered (no clean
         close mark then: the next load reconciles), not raised."""
         try:
-            self._append_record(cid, entry)
+            self._append_bytes(encode_record(cid, entry))  # (``_append_record``: a call less per commit)
         except Io as exc:
             self._unwritten[cid] = entry
             log.warning("%s", exc)
@@ -204,7 +204,8 @@ class SiteManifest(SweepSide):
         entry = Entry(state.created_at, state.last_at, state.end, state.next_seq)
         with self._lock:
             try:
-                self.ensure_loaded()
+                if not self._loaded:  # (``ensure_loaded``'s own check, without taking the lock again)
+                    self.ensure_loaded()
                 self._table.apply(cid, entry)
                 self._append_logged(cid, entry)
             except BaseException:  # not only Io (logged by _append_logged): no clean close mark, so the
