@@ -111,8 +111,10 @@ def test_new_conversation_in_a_proven_directory_costs_three_syncs_and_two_record
                 ("fdatasync", "log"),  # the frame
                 ("fsync_dir", "fan-out dir"),  # the log's entry
             ]
-            # twice: a record at 0 before the log exists (readers never wait for its creator), the commit
-            assert ops.point_writes == [paths.lock, paths.lock]
+            # Twice: a record at 0 before the log exists (readers never wait for its creator), written with
+            # the new lock file's header; then the commit's, stored through the header's mapping (no
+            # syscall: ``PointFile.write``), read back below.
+            assert ops.point_writes == [paths.lock]
             with open(paths.lock, "rb") as f:
                 point = decode(f.read(RECORD_SIZE))
             assert point is not None and point.next_seq == got.last + 1 == 2

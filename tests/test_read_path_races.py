@@ -222,15 +222,15 @@ def test_a_manifest_record_that_fails_after_the_commit_is_logged_and_the_next_st
     durable and acknowledged; the manifest no longer writes its clean close mark, so the next store
     reconciles the listing with the logs instead of trusting a journal that misses the commit."""
     data = str(tmp_path / "data")
-    real = SiteManifest._append_record
+    real = SiteManifest._append_bytes
     broken = threading.Event()
 
-    def append_record(self, cid, entry, *, sync=False):
-        if broken.is_set() and not sync:  # record_commit's record; record_created's is synced
+    def append_bytes(self, data, *, sync=False):
+        if broken.is_set() and not sync:  # record_commit's record; record_created's and marks are synced
             raise RuntimeError("manifest broke")
-        return real(self, cid, entry, sync=sync)
+        return real(self, data, sync=sync)
 
-    monkeypatch.setattr(SiteManifest, "_append_record", append_record)
+    monkeypatch.setattr(SiteManifest, "_append_bytes", append_bytes)
     with Store(data) as store:
         store.append(SITE, CID, [{"n": 0}])
         broken.set()
