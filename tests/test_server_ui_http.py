@@ -50,6 +50,15 @@ def server(tmp_path_factory):
         yield running
 
 
+@pytest.fixture(scope="module")
+def no_ui_server(tmp_path_factory):
+    """``serve --no-ui``, shared by the tests that only read from it (one server start instead of two)."""
+    data = tmp_path_factory.mktemp("no-ui") / "data"
+    open_registry(file_url(str(data))).add(SITE, PASSWORD)
+    with serve(data, "--no-ui") as running:
+        yield running
+
+
 def _assert_secure(headers: dict[str, str]) -> None:
     lowered = {k.lower(): v for k, v in headers.items()}
     for name, value in SECURITY_HEADERS:
@@ -92,13 +101,10 @@ def test_every_response_carries_the_security_headers(server, method, path, passw
         assert body.startswith(b"<!doctype html>") and int(lowered["content-length"]) == len(body)
 
 
-def test_root_leads_to_the_ui_unless_it_is_off(server, tmp_path):
+def test_root_leads_to_the_ui_unless_it_is_off(server, no_ui_server):
     status, headers, _ = _request(server.port, "GET", "/", password=None)
     assert status == 302 and headers["location"] == "/ui/"
-    data = tmp_path / "data"
-    open_registry(file_url(str(data))).add(SITE, PASSWORD)
-    with serve(data, "--no-ui") as running:
-        assert _request(running.port, "GET", "/")[0] == 404
+    assert _request(no_ui_server.port, "GET", "/")[0] == 404
 
 
 def test_a_foreign_host_is_refused(server):
@@ -109,12 +115,11 @@ def test_a_foreign_host_is_refused(server):
     assert _request(server.port, "GET", "/ui/", host=f"localhost:{server.port}")[0] == 200
 
 
-def test_no_ui_turns_the_browser_off(tmp_path):
+def test_no_ui_turns_the_browser_off(no_ui_server, tmp_path):
+    assert _request(no_ui_server.port, "GET", "/ui/")[0] == 404
+    assert _request(no_ui_server.port, "GET", "/healthz")[0] == 200
     data = tmp_path / "data"
     open_registry(file_url(str(data))).add(SITE, PASSWORD)
-    with serve(data, "--no-ui") as running:
-        assert _request(running.port, "GET", "/ui/")[0] == 404
-        assert _request(running.port, "GET", "/healthz")[0] == 200
     with serve(data, env={"LOGSTORE_UI": "0"}) as running:
         assert _request(running.port, "GET", "/ui/status")[0] == 404
 

@@ -6,7 +6,10 @@ makes N calls to the file layer. For every n < N it runs again with:
 
 - ``one-shot``: the n-th call fails with EIO (reads, opens, writes, fsyncs, truncations, renames...);
 - ``sticky``: every call from the n-th on fails (a dead disk) until the workload has seen the error
-  twice, then the fault clears;
+  twice, then the fault clears. Default: from every call that changes the disk (write, sync, truncate,
+  create, mkdir, rename, unlink...: where the engine's cleanup after the error fails too) and from every
+  3rd read (open, pread, size, stat, listdir: there a dead disk is one-shot's failure plus one more on
+  the retry); LOGSTORE_LONG=1: from every call;
 - ``enospc``: the n-th call that may allocate space fails with ENOSPC (``enospc-sticky``, long mode:
   a full disk from the n-th allocating call on, until the workload has seen it twice).
 
@@ -54,6 +57,10 @@ from tests.torture_workload import (
 
 POWER_LOSS_IMAGES = 6 if LONG else 2  # crash images after each faulty run: all unsynced lost, then random
 MODES = ["one-shot", "sticky", "enospc"] + (["enospc-sticky"] if LONG else [])
+# The FaultFS calls that change nothing on disk. A dead disk starts at every other call, and at every
+# STICKY_READ_EVERY-th of these.
+READS = frozenset({"open", "pread", "size", "stat_size", "listdir", "scandir"})
+STICKY_READ_EVERY = 1 if LONG else 3
 
 SITE_A, SITE_B = "site-a", "site-b"
 OLD = (SITE_A, "conv-recover-01")  # left torn, with a stale index, by the template's last run
@@ -208,28 +215,41 @@ def one_run(template, plan, clear_after: int, seed: int) -> tuple[int, int, int]
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _count_calls(template) -> tuple[int, int]:
-    calls, _, _ = one_run(template, None, 1, 0)
-    counter = {"write_like": 0}
+def _count_calls(template) -> list[str]:
+    """The names of the calls a fault-free run makes, in order."""
+    names: list[str] = []
 
     def spy(fs: FaultFS, call) -> None:
-        if call.name in WRITE_LIKE:
-            counter["write_like"] += 1
+        names.append(call.name)
         return None
 
-    one_run(template, spy, 1, 0)
-    return calls, counter["write_like"]
+    calls, _, _ = one_run(template, spy, 1, 0)
+    assert calls == len(names)
+    return names
+
+
+def _sticky_starts(names: list[str]) -> list[int]:
+    """The calls a dead disk starts at: every one that changes the disk, every STICKY_READ_EVERY-th read."""
+    starts, reads = [], 0
+    for n, name in enumerate(names):
+        if name in READS:
+            reads += 1
+            if (reads - 1) % STICKY_READ_EVERY:
+                continue
+        starts.append(n)
+    return starts
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_io_error_at_every_call(template, mode):
     started = time.monotonic()
-    calls, write_like = _count_calls(template)
+    names = _count_calls(template)
+    calls, write_like = len(names), sum(name in WRITE_LIKE for name in names)
     assert calls > 150, calls  # the workload really exercises the file layer
     if mode == "one-shot":
         plans = [(n, one_shot(n), 1) for n in range(calls)]
     elif mode == "sticky":
-        plans = [(n, sticky(n), 2) for n in range(calls)]
+        plans = [(n, sticky(n), 2) for n in _sticky_starts(names)]
     elif mode == "enospc":
         plans = [(n, one_shot(n, errno.ENOSPC, WRITE_LIKE), 1) for n in range(write_like)]
     else:

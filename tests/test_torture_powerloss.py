@@ -12,7 +12,11 @@ timestamps; appends working again; and all of it again after a clean reopen.
 A sample of images is recovered *over another FaultFS* and crashed again at every point of the recovery
 and the appends after it (a power loss during recovery).
 
-LOGSTORE_LONG=1 runs more random images per crash point and more recovery crashes.
+Default: 3 workloads (seeds), every crash point of each (~285) with "all lost", "all kept" and 2 random
+images, chunk growth and first writes into a fresh chunk in every seed (asserted), and a power loss at
+every point of the recovery from every 60th crash point of each seed (>= 3 per seed, asserted; the seeds
+offset so that together they sample every 20th point of the workload's course).
+LOGSTORE_LONG=1: 9 workloads, 6 random images per crash point, recovery crashed from every 4th point.
 """
 
 from __future__ import annotations
@@ -42,7 +46,20 @@ from tests.torture_workload import (
 )
 
 RANDOM_IMAGES = 6 if LONG else 2  # per crash point, besides "all unsynced lost" and "all kept"
-NESTED_EVERY = 4 if LONG else 15  # every n-th crash point also crashes again during recovery
+# Every n-th crash point also crashes again at every point of a recovery. These nested runs (~120
+# recovery crash points each) were 3/4 of the default's time at every 15th point, so the default takes
+# every 60th, the three seeds offset by 20 (seed 1 at points 19, 79, ...; seed 2 at 39, 99, ...; seed 3
+# at 59, 119, ...): together they still sample every 20th point of the workload's course (creations,
+# group commits, compaction, reopen).
+NESTED_EVERY = 4 if LONG else 60
+
+
+def nested_phase(seed: int) -> int:
+    """The crash points ``p`` with ``p % NESTED_EVERY == nested_phase(seed)`` are crashed again during
+    their recovery."""
+    return (20 * seed - 1) % NESTED_EVERY
+
+
 # Each seed is another workload (other conversations, sizes, interleavings) and other images.
 SEEDS = [1, 2, 3] + [pytest.param(s, marks=pytest.mark.slow) for s in range(4, 10) if LONG]
 
@@ -209,7 +226,8 @@ def test_power_loss_at_every_crash_point(tmp_path, seed):
     started = time.monotonic()
     oracle = Oracle()
     rng = random.Random(seed * 7919)
-    stats = {"points": 0, "states": 0, "verified": 0, "growth": 0, "fresh": 0}
+    stats = {"points": 0, "states": 0, "verified": 0, "growth": 0, "fresh": 0, "nested": 0}
+    recovery_points_before = FIGURES.recovery_crash_points
 
     def hook(fs: FaultFS, point: int) -> None:
         stats["points"] += 1
@@ -230,7 +248,8 @@ def test_power_loss_at_every_crash_point(tmp_path, seed):
                     f"crash point {point} (image {mode}, seed {seed}): {type(exc).__name__}: {exc}"
                 ) from exc
             stats["states"] += 1
-        if point % NESTED_EVERY == NESTED_EVERY - 1:
+        if point % NESTED_EVERY == nested_phase(seed):
+            stats["nested"] += 1
             image = fs.crash_image(rng, "random")
             check_image_with_recovery_crashes(image, acked, known, convs, f"p{point}n", rng)
 
@@ -243,6 +262,8 @@ def test_power_loss_at_every_crash_point(tmp_path, seed):
     )
     assert stats["points"] > 100, stats  # the workload really exercised the disk
     assert stats["growth"] > 0 and stats["fresh"] > 0, stats  # ...and v2's chunk growth
+    # ...and power loss during recovery, at several moments of the workload
+    assert stats["nested"] >= 3 and FIGURES.recovery_crash_points - recovery_points_before > 100, stats
     assert len(oracle.acked) >= 30
     FIGURES.crash_points += stats["points"]
     FIGURES.chunk_growth_points += stats["growth"]

@@ -10,7 +10,9 @@ with a real second process (tests/cross_process_support.py: ``RemoteStore``, a `
 - Listing: an append by another owner is listed at once.
 
 Every read and append goes through the history checker (tests/history.py); the figures are printed
-(``-s``). ``LOGSTORE_LONG=1`` runs 10,000 reads after acknowledgement per test instead of 2,000.
+(``-s``). Default: 1,000 reads after acknowledgement per test (before the issue-20 read path, 1,993 and
+1,287 of 2,000 missed on the file engine: the bug class shows in the first hundreds); ``LOGSTORE_LONG=1``
+runs 10,000.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from tests.history import Recorder, check, conversation_key, final_state
 from .conftest import Backend
 from .support import SITE
 
-READS = int(os.environ.get("LOGSTORE_CROSS_READS", "10000" if LONG else "2000"))
+READS = int(os.environ.get("LOGSTORE_CROSS_READS", "10000" if LONG else "1000"))
 X = "conv-busy-x"
 PAUSE = float(os.environ.get("LOGSTORE_CROSS_PAUSE", "0.001"))
 
