@@ -4,7 +4,6 @@ committed upsert from one still in an open transaction. Behaviour only, never a 
 
 from __future__ import annotations
 
-from dataclasses import astuple
 from pathlib import Path
 
 from bench.listing_sqlite import (
@@ -80,7 +79,7 @@ def test_upsert_follows_the_manifest_merge_rule(tmp_path: Path) -> None:
     state = None
     try:
         for record in records:
-            conn.execute(UPSERT, ("c-0000001", *astuple(record)))
+            conn.execute(UPSERT, ("c-0000001", *record))
             state = merged(state, record)
         rows = conn.execute("SELECT * FROM conversations").fetchall()
     finally:

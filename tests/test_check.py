@@ -10,7 +10,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import pytest
 
@@ -277,7 +277,7 @@ def manifest_record_damaged(w: World) -> Expect:
 
 def manifest_claims_too_much(w: World) -> Expect:
     records, _, _ = decode_records(w.read(w.journal()))
-    entry = replace(records[-1][1], next_seq=records[-1][1].next_seq + 5)
+    entry = records[-1][1]._replace(next_seq=records[-1][1].next_seq + 5)
     append_garbage(w.journal(), encode_record(C2, entry))
     return Expect("manifest-stale", "sites/local/manifest", None, None)
 
