@@ -68,7 +68,9 @@ class Store:
         self._data_dir_lock = lock
         self._guard = threading.Lock()
         self._handles: OrderedDict[tuple[str, str], ConversationLog] = OrderedDict()
-        self._users: dict[tuple[str, str], int] = {}
+        # Per open handle, one entry per checkout not yet checked in (``_checkout``): the same lifetime
+        # as the handle's place in ``_handles``.
+        self._users: dict[tuple[str, str], list[None]] = {}
         self._manifests: dict[str, SiteManifest] = {}
         self._closed = False
 
@@ -90,11 +92,11 @@ class Store:
     def _append(self, site: str, conversation_id: str, batch: PreparedBatch) -> SeqRange:
         request = AppendRequest(encode_items(batch.items), batch.count)
         # try/finally, not ``_conversation``: a @contextmanager costs more than this (PERFORMANCE.md)
-        key, conv = self._checkout(site, conversation_id, writing=True)
+        users, conv = self._checkout(site, conversation_id, writing=True)
         try:
             return conv.append(request)
         finally:
-            self._checkin(key)
+            users.pop()  # checked in (``_checkout``)
 
     def import_batch(self, site: str, conversation_id: str, batch: ImportedBatch) -> SeqRange:
         """``logstore migrate``: append items copied verbatim from another store at the seq and time they
@@ -205,18 +207,24 @@ class Store:
     def _conversation(
         self, site: str, conversation_id: str, *, writing: bool = False
     ) -> Iterator[ConversationLog]:
-        key, conv = self._checkout(site, conversation_id, writing=writing)
+        users, conv = self._checkout(site, conversation_id, writing=writing)
         try:
             yield conv
         finally:
-            self._checkin(key)
+            users.pop()  # checked in (``_checkout``)
 
     def _checkout(
         self, site: str, conversation_id: str, *, writing: bool = False
-    ) -> tuple[tuple[str, str], ConversationLog]:
-        """The conversation's handle, counted as in use until ``_checkin(key)`` (never evicted meanwhile).
-        A cached handle skips ``_manifest`` (its load check): its site's manifest was loaded before
-        the handle was opened; it is counted under the same take of the guard as the lookup."""
+    ) -> tuple[list[None], ConversationLog]:
+        """The conversation's handle, counted as in use (never evicted meanwhile) until the caller checks it
+        in by ``users.pop()`` of the list returned with it, on every path.
+
+        The count is that list's length: one entry per checkout. Entries are added only under ``_guard``,
+        together with the lookup, and a handle is evicted only under ``_guard`` when its list is empty; so
+        the check-in needs no lock: ``list.pop`` is one C call, atomic, and can only make an in-use handle
+        idle (an eviction that ran just before it saw the handle in use and left it). One take of the
+        guard per use instead of two (PERFORMANCE.md). A cached handle also skips ``_manifest`` (its
+        load check): its site's manifest was loaded before the handle was opened."""
         key = (site, conversation_id)
         with self._guard:
             if self._closed:
@@ -224,16 +232,17 @@ class Store:
             conv = self._handles.get(key)
             if conv is not None:  # the steady case, under one take of the guard
                 self._handles.move_to_end(key)
-                self._users[key] = self._users.get(key, 0) + 1
+                users = self._users[key]
+                users.append(None)
                 manifest = self._manifests[site]
         if conv is not None:
             if writing:
                 try:
                     manifest.begin_writes()  # the session's open mark is durable before any log write
                 except BaseException:
-                    self._checkin(key)
+                    users.pop()
                     raise
-            return key, conv
+            return users, conv
         manifest = self._manifest(site)
         if writing:
             manifest.begin_writes()  # the session's open mark is durable before any log write
@@ -245,9 +254,11 @@ class Store:
             if conv is None:
                 conv = self._open_conversation(manifest, site, conversation_id)
                 self._handles[key] = conv
+                users = self._users[key] = [None]
             else:
                 self._handles.move_to_end(key)
-            self._users[key] = self._users.get(key, 0) + 1
+                users = self._users[key]
+                users.append(None)
             evict = self._pick_evictions()
         _report_open(int(opened) - len(evict))
         for victim in evict:
@@ -256,17 +267,9 @@ class Store:
             try:
                 manifest.touch(conversation_id, conv.summary)
             except BaseException:
-                self._checkin(key)
+                users.pop()
                 raise
-        return key, conv
-
-    def _checkin(self, key: tuple[str, str]) -> None:
-        with self._guard:
-            remaining = self._users[key] - 1
-            if remaining:
-                self._users[key] = remaining
-            else:
-                del self._users[key]
+        return users, conv
 
     def _open_conversation(self, manifest: SiteManifest, site: str, conversation_id: str) -> ConversationLog:
         return ConversationLog(
@@ -288,7 +291,8 @@ class Store:
         for key in list(self._handles):
             if excess <= 0:
                 break
-            if key not in self._users:
+            if not self._users[key]:  # no checkout outstanding (``_checkout``)
+                del self._users[key]
                 victims.append(self._handles.pop(key))
                 excess -= 1
         return victims
