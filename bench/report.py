@@ -269,12 +269,16 @@ def _merge_rows(block: str, rows: Sequence[Row], table: str, source: str, env: d
     lines = block.split("\n")
     first_row = next(i for i, line in enumerate(lines) if line.startswith("|---"))
 
-    def superseded(line: str) -> bool:
-        return line.startswith(_PARTIAL) and set(line.split(":", 1)[0][len(_PARTIAL) :].split(", ")) <= set(
-            ids
-        )
+    def without_ours(line: str) -> str:
+        """An earlier partial run's line names only the ids this run did not measure again (gone if none)."""
+        if not line.startswith(_PARTIAL):
+            return line
+        named, rest = line.split(":", 1)
+        left = [i for i in named[len(_PARTIAL) :].split(", ") if i not in ids]
+        return f"{_PARTIAL}{', '.join(left)}:{rest}" if left else ""
 
-    kept_head = [line for line in lines[: first_row - 1] if not superseded(line)]
+    kept_head = [without_ours(line) for line in lines[: first_row - 1]]
+    kept_head = [line for i, line in enumerate(kept_head) if line or i == 0 or kept_head[i - 1]]  # one blank
     load = env.get("loadavg"), env.get("loadavg_end")
     loads = f", load average {load[0][0]:.1f} -> {load[1][0]:.1f}" if load[0] and load[1] else ""
     while kept_head and kept_head[-1] == "":

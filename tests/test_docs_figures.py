@@ -78,4 +78,5 @@ def test_a_partial_run_replaces_only_its_rows(tmp_path):
     assert "load average 3.0 -> 4.5." in block
     write_results_doc(str(doc), rows("P6"), env, "python -m bench --only P6", "full", partial=True)
     block = results_block(doc.read_text(encoding="utf-8"))
+    assert "Rows P6-w2, P6-new: `python -m bench --only P6`" in block  # P6 is named by the newer line only
     assert block.count("Rows P6") == 2 and "Rows P6: " in block and block.count("| P6 |") == 1
