@@ -11,6 +11,7 @@ timeouts below are guards against a hang, never the point of a test."""
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 import random
 import shutil
@@ -40,7 +41,10 @@ class HeldFS(FaultFS):
     with the model's fsyncgate fate)."""
 
     def __init__(self, root: str, **kwargs: Any) -> None:
-        self.journal: dict[int, str] = {}  # open journal descriptors
+        # Open journal descriptors -> which open it was (fd numbers are reused: a number alone would take
+        # a sync of a closed descriptor whose number a newer journal got for a good one).
+        self.journal: dict[int, tuple[str, int]] = {}
+        self._opens = itertools.count()
         self.changed = threading.Condition()
         self.journal_writes = self.journal_syncs = 0
         self.bad_syncs: list[int] = []
@@ -55,7 +59,7 @@ class HeldFS(FaultFS):
         fd = super().open(path, flags, mode)
         if "/manifest/journal." in path:
             with self.changed:
-                self.journal[fd] = path
+                self.journal[fd] = (path, next(self._opens))
         return fd
 
     def close(self, fd: int) -> None:
@@ -72,13 +76,14 @@ class HeldFS(FaultFS):
 
     def fdatasync(self, fd: int) -> None:
         fail = False
-        if fd in self.journal:
+        opened = self.journal.get(fd)
+        if opened is not None:
             hold = self.hold
             if hold is not None:
                 fail = hold()
             with self.changed:
                 self.journal_syncs += 1
-                if fd not in self.journal:  # closed while the sync was on its way
+                if self.journal.get(fd) != opened:  # closed (maybe reused) while the sync was on its way
                     self.bad_syncs.append(fd)
         self._failing.on = fail
         try:
@@ -248,15 +253,15 @@ def test_d_a_compaction_and_catch_up_during_a_held_sync_close_the_descriptor_aft
         manifest, creator, release = _held_creation(
             store, fs, lambda: store.append(SITE, "new-conversation", ITEMS)
         )
-        held = set(fs.journal)
+        held = set(fs.journal.values())
         assert manifest.compact()  # a new journal; the held one folded into a snapshot and deleted
-        listed(store)  # the catch-up lets go of the old descriptor: its close waits for the sync
+        listed(store)  # the catch-ups let go of the old descriptor: its close waits for the sync
         store.append(SITE, "first-conv", ITEMS)  # a commit, to the new journal
-        assert held & set(fs.journal), "the descriptor being synced was closed under the sync"
+        assert held <= set(fs.journal.values()), "the descriptor being synced was closed under the sync"
         release.set()
         assert creator.result() is None
         assert not fs.bad_syncs
-        assert not held & set(fs.journal), "the last sync's user did not close the old descriptor"
+        assert not held & set(fs.journal.values()), "the last sync's user did not close the old descriptor"
         scratch, image = recovered(fs, "drop")
     try:
         with Store(image, file_ops=NO_SYNC_OPS) as store:
@@ -376,14 +381,11 @@ def _check_image(image: Any, acked: frozenset[str]) -> None:
         materialize(image, scratch)
         data = os.path.join(scratch, "data")
         with Store(data, file_ops=NO_SYNC_OPS) as store:
-            manifest = store._manifest(SITE)
-            assert manifest.wait_reconciled(GUARD)
-            with_items = set()
-            for name in acked | _logs_named(data):
-                if list(store.replay(SITE, name)):
-                    with_items.add(name)
+            assert store._manifest(SITE).wait_reconciled(GUARD)
+            shown = listed(store)  # before any replay: a conversation's first use reconciles it
+            with_items = {name for name in acked | _logs_named(data) if list(store.replay(SITE, name))}
             assert acked <= with_items, acked - with_items
-            assert with_items <= listed(store), with_items - listed(store)
+            assert with_items <= shown, with_items - shown  # manifest ⊇ logs
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
