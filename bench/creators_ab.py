@@ -6,9 +6,9 @@ the site manifest's lock, shared by concurrent creators), A/B between two trees 
 Each round runs, for each tree in turn (the order alternates round by round), a fresh subprocess with that
 tree first on ``PYTHONPATH`` (this file imports only ``logstore``, so each worker measures its own tree):
 
-- steady: one thread appends to 8 existing conversations (each append timed) while another creates new
-  conversations of the same site without pause: median and p99 of the steady appends, and how many
-  conversations were created meanwhile;
+- steady: one thread appends to 8 existing conversations (``--steady`` appends, each timed) while
+  another creates new conversations of the same site without pause: median and p99 of the steady
+  appends, and how many conversations were created meanwhile;
 - create8: 8 threads create 40 new conversations each at once: creations/s;
 - syncs: syncs per new conversation (fdatasync, fsync, directory fsync counted through ``FileOps``; the
   manifest journal's fdatasyncs apart), 100 created one after another, then 8 x 25 at once.
@@ -33,7 +33,7 @@ SITE = "bench-creators"
 ITEMS = [{"role": "user", "content": "x" * 200}]
 
 
-def _worker(directory: str) -> dict[str, float]:
+def _worker(directory: str, steady_appends: int) -> dict[str, float]:
     from logstore import Store
     from logstore.file.fileio import FileOps
 
@@ -84,7 +84,7 @@ def _worker(directory: str) -> dict[str, float]:
         thread.start()
         latencies = []
         clock = time.perf_counter
-        for i in range(400):
+        for i in range(steady_appends):
             t0 = clock()
             store.append(SITE, steady[i % 8], ITEMS)
             latencies.append((clock() - t0) * 1e6)
@@ -136,10 +136,11 @@ def main() -> None:
     parser.add_argument("--tree", action="append", default=[], help="NAME=PATH (repeat)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--tmp-dir", default="/tmp")
+    parser.add_argument("--steady", type=int, default=1500, help="steady appends timed per round")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps(_worker(args.worker)))
+        print(json.dumps(_worker(args.worker, args.steady)))
         return
     trees = [t.split("=", 1) for t in args.tree]
     results: dict[str, list[dict[str, float]]] = {name: [] for name, _ in trees}
@@ -148,8 +149,9 @@ def main() -> None:
             scratch = tempfile.mkdtemp(prefix="bench-creators-", dir=args.tmp_dir)
             try:
                 env = dict(os.environ, PYTHONPATH=path)
+                command = [sys.executable, os.path.abspath(__file__), "--worker", scratch]
                 done = subprocess.run(
-                    [sys.executable, os.path.abspath(__file__), "--worker", scratch],
+                    [*command, "--steady", str(args.steady)],
                     env=env, capture_output=True, text=True, check=True, cwd=path,
                 )  # fmt: skip
                 results[name].append(json.loads(done.stdout.strip().splitlines()[-1]))

@@ -19,12 +19,15 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from logstore import Store
 from logstore.core.errors import LogstoreError
 from logstore.file import layout
-from logstore.file.fileio import OS_FILE_OPS
+from logstore.file.fileio import OS_FILE_OPS, FileOps
 from logstore.file.layout import conversation_paths
 from logstore.file.manifest.codec import MARK_CLOSE, decode_journal
+from logstore.file.manifest.journal_sync import SyncGroup, Syncs
 from tests.faultfs import NO_SYNC_OPS, FaultFS, materialize, scratch_dir
 from tests.helpers import LONG
 
@@ -393,3 +396,64 @@ def _check_image(image: Any, acked: frozenset[str]) -> None:
 def _logs_named(data: str) -> set[str]:
     """Conversation ids whose log file exists under the site (whatever the manifest says)."""
     return {cid for cid, _ in layout.iter_logs(OS_FILE_OPS, data, SITE)}
+
+
+# --------------------------------------------------------------------------- the group alone
+class ScriptedOps(FileOps):
+    """No files: each fdatasync raises the next scripted exception (None: succeeds); closes noted."""
+
+    def __init__(self, *outcomes: BaseException | None) -> None:
+        self.outcomes, self.syncs, self.closed = list(outcomes), 0, []
+
+    def fdatasync(self, fd: int) -> None:
+        self.syncs += 1
+        outcome = self.outcomes.pop(0) if self.outcomes else None
+        if outcome is not None:
+            raise outcome
+
+    def close(self, fd: int) -> None:
+        self.closed.append(fd)
+
+
+def test_an_interrupted_sync_is_neither_durable_nor_a_fault_and_the_next_caller_syncs_again():
+    ops = ScriptedOps(KeyboardInterrupt())
+    group = SyncGroup(ops, 99, 1, Syncs())
+    seq = group.wrote()
+    with pytest.raises(KeyboardInterrupt):
+        group.sync(seq)
+    assert not group.faulted
+    group.sync(seq)
+    assert ops.syncs == 2
+
+
+def test_a_failed_sync_fails_what_it_did_not_cover_for_good_and_keeps_what_an_earlier_one_did():
+    ops = ScriptedOps(None, OSError(errno.EIO, "injected"))
+    group = SyncGroup(ops, 99, 1, Syncs())
+    first = group.wrote()
+    group.sync(first)
+    second = group.wrote()
+    with pytest.raises(OSError):
+        group.sync(second)
+    group.sync(first)  # durable before the failure: still durable
+    with pytest.raises(OSError):  # never synced again through this descriptor and trusted
+        group.sync(group.wrote())
+    assert ops.syncs == 2
+
+
+def test_a_retired_descriptor_is_closed_once_by_its_last_user():
+    ops, syncs = ScriptedOps(), Syncs()
+    group = SyncGroup(ops, 99, 1, syncs)
+    seqs = [group.hold(), group.hold()]
+    group.retire()
+    assert ops.closed == []
+    group.sync(seqs[0])
+    group.leave(failed=False)
+    assert ops.closed == []
+    group.sync(seqs[1])  # covered by the first sync: none more
+    group.leave(failed=False)
+    assert ops.closed == [99] and ops.syncs == 1
+    syncs.settle()
+    assert not syncs.failed
+    idle = SyncGroup(ops, 98, 1, syncs)
+    idle.retire()
+    assert ops.closed == [99, 98]
