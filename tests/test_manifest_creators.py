@@ -26,6 +26,7 @@ from logstore.core.errors import LogstoreError
 from logstore.file import layout
 from logstore.file.fileio import OS_FILE_OPS, FileOps
 from logstore.file.layout import conversation_paths
+from logstore.file.manifest import site
 from logstore.file.manifest.codec import MARK_CLOSE, decode_journal
 from logstore.file.manifest.journal_sync import SyncGroup, Syncs
 from tests.faultfs import NO_SYNC_OPS, FaultFS, materialize, scratch_dir
@@ -309,6 +310,25 @@ def test_d_close_waits_for_a_held_sync_and_a_failed_one_leaves_no_clean_close_ma
         store.close()
 
 
+def test_d_close_bounds_its_wait_for_a_hold_never_left_and_writes_no_close_mark(tmp_path, monkeypatch):
+    """A hold whose ``leave`` never comes (an interrupt between the hold and its holder's ``try``) makes
+    ``close`` give up its close mark after ``SETTLE_TIMEOUT``, not hang."""
+    monkeypatch.setattr(site, "SETTLE_TIMEOUT", 0.05)
+    fs = HeldFS(str(tmp_path))
+    data = os.path.join(str(tmp_path), "data")
+    with Store(data, file_ops=fs) as store:
+        store.append(SITE, "first-conv", ITEMS)
+        manifest = store._manifest(SITE)
+        group = manifest._journal._group
+        assert group is not None
+        group.hold()
+        manifest.close()
+        assert _close_marks(data) == 0
+        assert set(fs.journal), "closed under a hold"
+        group.leave(failed=True)  # the last user closes it
+        assert not set(fs.journal)
+
+
 def test_d_a_clean_close_after_held_creations_marks_it_and_keeps_them(tmp_path):
     fs = HeldFS(str(tmp_path))
     data = os.path.join(str(tmp_path), "data")
@@ -452,7 +472,7 @@ def test_a_retired_descriptor_is_closed_once_by_its_last_user():
     group.sync(seqs[1])  # covered by the first sync: none more
     group.leave(failed=False)
     assert ops.closed == [99] and ops.syncs == 1
-    syncs.settle()
+    assert syncs.settle(GUARD)
     assert not syncs.failed
     idle = SyncGroup(ops, 98, 1, syncs)
     idle.retire()

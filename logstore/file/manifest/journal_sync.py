@@ -61,12 +61,12 @@ class Syncs:
             if not self._held:
                 self._cond.notify_all()
 
-    def settle(self) -> None:
+    def settle(self, timeout: float) -> bool:
         """Wait until every held record has its outcome (their syncs never take the manifest's lock, so
-        the caller may hold it)."""
+        the caller may hold it); False if some had none within ``timeout`` seconds (a sync stuck on the
+        disk, or a hold an interrupt cut off before its ``leave``: never a hang in ``close``)."""
         with self._cond:
-            while self._held:
-                self._cond.wait()
+            return self._cond.wait_for(lambda: not self._held, timeout)
 
 
 class SyncGroup:

@@ -58,6 +58,8 @@ log = logging.getLogger("logstore")
 # in memory to a share of the snapshot (docs/PERFORMANCE.md, "Manifest compaction at scale").
 COMPACT_THRESHOLD = 4 * 1024 * 1024
 COMPACT_RATIO = 16
+# Seconds ``close`` waits for creation records still being synced before it gives up its close mark.
+SETTLE_TIMEOUT = 30.0
 
 
 class SiteManifest(SweepSide):
@@ -306,12 +308,13 @@ class SiteManifest(SweepSide):
         self._compactor.close()  # a compaction in flight finishes before the store's files are let go
         with self._lock:
             # Creation records held for a sync outside the lock get their outcome first: the close mark
-            # vouches for them (their syncs never take ``_lock``, so waiting under it is safe).
-            self._journal.settle()
+            # vouches for them (their syncs never take ``_lock``, so waiting under it is safe). Unsettled
+            # after the bound: no close mark (the next load reconciles), never a hang.
+            settled = self._journal.settle(SETTLE_TIMEOUT)
             session, self._session = self._session, None
             if session is not None:
                 end_session(session)
-            if session is not None and not self._unwritten and not self._journal.failed:
+            if session is not None and settled and not self._unwritten and not self._journal.failed:
                 try:
                     self._append_bytes(encode_mark(MARK_CLOSE, session), sync=True)
                 except Io as exc:  # the next load reconciles: the only cost of a missing close mark

@@ -274,9 +274,9 @@ class SiteJournal:
         """A journal write or sync failed, under the reader's lock or outside it (no clean close mark)."""
         return self.faulted or self._syncs.failed
 
-    def settle(self) -> None:
+    def settle(self, timeout: float) -> bool:
         """Wait until every record held for a sync outside the lock has its outcome (``Syncs.settle``)."""
-        self._syncs.settle()
+        return self._syncs.settle(timeout)
 
     def _moved(self, reader: Reader, held: Ident) -> bool:
         """After a write to a journal that looks sealed or deleted: catch up; True if the record must go
