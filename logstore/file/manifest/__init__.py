@@ -3,8 +3,9 @@
 Owns the manifest's journal and snapshot formats (``codec``, ``snapshot``), its packed in-memory table
 (``table``), reading it from disk (``state``), the journal generations: found by listing, sealed,
 rolled and folded (``journal``, ``compaction``), the change counter every sealer and remover bumps
-first (``fence``), one process's hold on them (``site_journal``: which journal
-it appends to, catching up, rolls, noticing a manifest removed under it by a purge), the per-site index the
+first (``fence``), one process's hold on them (``site_journal``: which journal it appends to,
+catching up, rolls, noticing a manifest removed under it by a purge; ``journal_sync``: records synced
+outside the index's lock, one fdatasync shared, the descriptor's use count), the per-site index the
 store records each commit in and lists from (``site``: ``SiteManifest``, over ``site_journal``), and the
 sweep that reconciles it with the logs after a crash (``reconcile``: sessions by boot id, pid and start
 ticks; below ``site``, it calls back into the index through its own ``SweptIndex`` protocol, which

@@ -43,6 +43,7 @@ from ..fileio import FileOps
 from ..log.recovery import LogState
 from .codec import MARK_CLOSE, MARK_OPEN, Entry, Session, encode_mark, encode_record, erased_entry
 from .compaction import Compactor, compact_locked
+from .journal_sync import Held
 from .reconcile import Reconciliation, end_session, new_session
 from .site_journal import SiteJournal
 from .state import DiskState, read_state
@@ -57,6 +58,8 @@ log = logging.getLogger("logstore")
 # in memory to a share of the snapshot (docs/PERFORMANCE.md, "Manifest compaction at scale").
 COMPACT_THRESHOLD = 4 * 1024 * 1024
 COMPACT_RATIO = 16
+# Seconds ``close`` waits for creation records still being synced before it gives up its close mark.
+SETTLE_TIMEOUT = 30.0
 
 
 class SiteManifest(SweepSide):
@@ -186,15 +189,38 @@ class SiteManifest(SweepSide):
                 self._session = session
 
     def record_created(self, cid: str) -> None:
-        """Durably note that a conversation's log is about to be created (before it is). Written even when
-        the manifest already knows ``cid``: the log is missing (that is why it is being created), so what
-        is known may be an earlier attempt's record whose fdatasync failed (read back from the page cache
-        but never durable), or a log another process erased since. Only that rare case costs a sync more."""
+        """Durably note that a conversation's log is about to be created (before it is: the caller creates
+        it only once this returns). Written even when the manifest already knows ``cid``: the log is
+        missing (that is why it is being created), so what is known may be an earlier attempt's record
+        whose fdatasync failed (read back from the page cache but never durable), or a log another process
+        erased since. Only that rare case costs a sync more.
+
+        Written under ``_lock``, synced after it is released (``journal_sync``): commits and listings of
+        the site do not wait for this sync, and concurrent creators share one. Applied to the table only
+        once durable (a creation is never listed, but the sweep and ``entry`` then only know durable
+        ones); a failed sync raises Io and nothing is applied."""
+        entry = Entry(-1, -1, 0, 0)
+        held: Held | None = None
+        failed = True
+        try:
+            with self._lock:
+                self.ensure_loaded()
+                self.begin_writes()
+                try:
+                    size, held = self._journal.append_held(self, encode_record(cid, entry))
+                except OSError as exc:
+                    raise self._io_error("write", exc) from exc
+                if size > self._compact_at():
+                    self._compactor.schedule()
+            try:
+                held.sync()
+            except OSError as exc:
+                raise self._io_error("write", exc) from exc
+            failed = False
+        finally:
+            if held is not None:  # the journal's descriptor may close now; ``close`` may go on
+                held.leave(failed=failed)
         with self._lock:
-            self.ensure_loaded()
-            self.begin_writes()
-            entry = Entry(-1, -1, 0, 0)
-            self._append_record(cid, entry, sync=True)
             self._table.apply(cid, entry)
 
     def record_commit(self, cid: str, state: LogState) -> None:
@@ -281,10 +307,14 @@ class SiteManifest(SweepSide):
             self._reconciliation.stop()
         self._compactor.close()  # a compaction in flight finishes before the store's files are let go
         with self._lock:
+            # Creation records held for a sync outside the lock get their outcome first: the close mark
+            # vouches for them (their syncs never take ``_lock``, so waiting under it is safe). Unsettled
+            # after the bound: no close mark (the next load reconciles), never a hang.
+            settled = self._journal.settle(SETTLE_TIMEOUT)
             session, self._session = self._session, None
             if session is not None:
                 end_session(session)
-            if session is not None and not self._unwritten and not self._journal.faulted:
+            if session is not None and settled and not self._unwritten and not self._journal.failed:
                 try:
                     self._append_bytes(encode_mark(MARK_CLOSE, session), sync=True)
                 except Io as exc:  # the next load reconciles: the only cost of a missing close mark

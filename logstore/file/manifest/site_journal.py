@@ -9,13 +9,18 @@ generation it has read and appends to, how far it has read it, the descriptor it
   shared mapping) stands for that ``statx`` until it changes (and once per ``CHECK_BYTES`` appended).
 - A failed write or sync may leave torn bytes: the descriptor is dropped and the journal marked torn; the
   next record first rolls to a new journal (``journal.roll``), so records never land after torn bytes. So
-  is a torn tail found on load.
+  is a torn tail found on load, and so is a descriptor whose sync outside the reader's lock failed
+  (``journal_sync``: seen by the next write).
+- Syncing: a record that needs one is synced through the descriptor's ``journal_sync.SyncGroup``, under
+  the reader's lock (``append(sync=True)``) or after it is released (``append_held``, then ``Held.sync``:
+  creation records); one fdatasync covers every record written before it began.
 - Catching up: the new bytes of the journal read; a compaction's newer snapshot re-bases the reader (what
   a fresh load reads); another file at a journal's name, or ours gone with nothing newer, means the
   manifest was removed and maybe written again (a purge): the reader loads it again.
 
 What it reads goes to its ``Reader`` (``SiteManifest``): records to apply, states to re-base on, a
-replacement to reload from. It holds no lock of its own: every call is under the reader's."""
+replacement to reload from. It holds no lock of its own: every call is under the reader's, but for
+``Held.sync``/``Held.leave`` and ``settle`` (``journal_sync`` has the locks they take)."""
 
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ from ..statx import Ident
 from .codec import Entry, Generations, decode_journal, generations
 from .fence import FenceView
 from .journal import open_current, roll, stale
+from .journal_sync import Held, SyncGroup, Syncs
 from .state import DiskState, read_tail
 
 __all__ = ["SiteJournal", "Reader", "RETRIES"]
@@ -69,7 +75,8 @@ class SiteJournal:
         self.gen = 0  # the generation of the journal read (and appended to)
         self.base_gen = -1  # generation of the snapshot the reader's state is based on
         self.read_pos = 0  # bytes of the active journal already applied
-        self._fd: int | None = None
+        self._group: SyncGroup | None = None  # the descriptor records go to, and its syncs
+        self._syncs = Syncs()  # records held for a sync outside the lock, over every descriptor
         # Which file journal.<gen> was when read or opened: another one there, with no compaction to explain
         # it, means the manifest was removed and written again (a purge, then the site used again).
         self._id: tuple[int, int, int] | None = None
@@ -180,7 +187,7 @@ class SiteJournal:
         return self.ops.stat_size(self._path(self.gen)) or 0
 
     # ------------------------------------------------------------------ appending
-    def _open(self, reader: Reader) -> int:
+    def _open(self, reader: Reader) -> SyncGroup:
         """The descriptor records go to: the newest journal, found by listing and confirmed by listing
         again once open (opened as a compaction started the next one, it would be stale at once). A
         journal that may end in torn bytes is rolled first."""
@@ -200,22 +207,47 @@ class SiteJournal:
                 self.ops.close(fd)
                 reader.replaced()
                 continue
-            self._fd, self._id = fd, opened
+            self._group, self._id = SyncGroup(self.ops, fd, self.gen, self._syncs), opened
             mark = reader.open_mark() if self.remark else None
-            if mark is not None:  # a crash from here on is seen by the next load
+            if mark is not None:  # a crash from here on is seen by the next load (no record before it)
                 self.ops.append(fd, mark)
                 self.ops.fdatasync(fd)
             self.remark = False
-            return fd
+            return self._group
         raise OSError(errno.ESTALE, f"no current manifest journal for site {self.site} in {RETRIES} tries")
 
     def append(self, reader: Reader, data: bytes, *, sync: bool = False) -> int:
         """Append ``data`` to the current journal, never to one nobody reads any more (module docstring);
-        the journal's size after it. A failed write or sync drops the descriptor and marks the journal
-        torn: the next append rolls to a new one."""
+        the journal's size after it. ``sync``: durable when this returns, synced under the reader's lock
+        (with any record written before the sync began). A failed write or sync drops the descriptor and
+        marks the journal torn: the next append rolls to a new one."""
+        size, group = self._write(reader, data)
+        if sync:
+            try:
+                group.sync(group.wrote())
+            except OSError:  # (``group`` is still ours: only a holder of the reader's lock drops it)
+                self.faulted, self._torn = True, group.gen
+                self.close()
+                raise
+        return size
+
+    def append_held(self, reader: Reader, data: bytes) -> tuple[int, Held]:
+        """``append``, the record to be synced after the reader's lock is released: ``Held.sync``, then
+        ``Held.leave`` on every path (the descriptor stays open until then, whatever drops it meanwhile).
+        If the journal rolls or is compacted in between, the sync of the descriptor the record went to
+        still makes it durable: it was proven in the journal before any seal, so it is in that journal or
+        in the durable snapshot that folded it before deleting it (``journal.fold``)."""
+        size, group = self._write(reader, data)
+        return size, Held(group, group.hold())
+
+    def _write(self, reader: Reader, data: bytes) -> tuple[int, SyncGroup]:
+        if self._group is not None and self._group.faulted:  # a sync outside the lock failed: as below
+            self.faulted, self._torn = True, self._group.gen
+            self.close()
         try:
             for _ in range(RETRIES):
-                fd = self._fd if self._fd is not None else self._open(reader)
+                group = self._group if self._group is not None else self._open(reader)
+                fd = group.fd
                 try:
                     self.ops.append(fd, data)
                     if self._fence.unchanged(self._trusted) and self._since < CHECK_BYTES:
@@ -227,16 +259,24 @@ class SiteJournal:
                         if stale(held) and self._moved(reader, held):
                             continue
                         self._trusted = None if stale(held) else value
-                    if sync:
-                        self.ops.fdatasync(fd)
-                except OSError:
+                except OSError as exc:
                     self.faulted, self._torn = True, self.gen
+                    group.fail(exc)  # records written before it and held for a sync fail too
                     raise
-                return self._size + self._since
+                return self._size + self._since, group
             raise OSError(errno.ESTALE, f"manifest journal of site {self.site} moved {RETRIES} times")
         except OSError:
             self.close()
             raise
+
+    @property
+    def failed(self) -> bool:
+        """A journal write or sync failed, under the reader's lock or outside it (no clean close mark)."""
+        return self.faulted or self._syncs.failed
+
+    def settle(self, timeout: float) -> bool:
+        """Wait until every record held for a sync outside the lock has its outcome (``Syncs.settle``)."""
+        return self._syncs.settle(timeout)
 
     def _moved(self, reader: Reader, held: Ident) -> bool:
         """After a write to a journal that looks sealed or deleted: catch up; True if the record must go
@@ -253,9 +293,6 @@ class SiteJournal:
     def close(self) -> None:
         self._trusted = None
         self._fence.close()
-        if self._fd is not None:
-            try:
-                self.ops.close(self._fd)
-            except OSError:
-                pass
-            self._fd = None
+        if self._group is not None:  # closed now, or by the last sync still using it (``journal_sync``)
+            group, self._group = self._group, None
+            group.retire()
