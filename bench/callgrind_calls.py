@@ -18,6 +18,7 @@ import glob
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -52,6 +53,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tool", default="append_memory")
     parser.add_argument("--server", default="tools.cli serve --workers 1 --log-level warning")
     parser.add_argument("--tree", default=None, help="serve from this tree (PYTHONPATH and cwd)")
+    parser.add_argument("--keep", default=None, help="keep callgrind output files here")
+    parser.add_argument(
+        "--multiprocess-metrics",
+        action="store_true",
+        help="metrics in prometheus_client's multiprocess mode (mmap'd files), as --workers N workers have",
+    )
     args, extra = parser.parse_known_args(argv)
     root = args.tree or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     with tempfile.TemporaryDirectory(prefix="callgrind-") as tmp:
@@ -71,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
             str(port),
         ]
         env = {**os.environ, "PYTHONPATH": root}
+        if args.multiprocess_metrics:
+            os.mkdir(metrics_dir := os.path.join(tmp, "metrics"))
+            env["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
         proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         try:
             base = f"http://127.0.0.1:{port}"
@@ -99,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
                 for line in f:
                     if m := re.match(r"totals: (\d+)", line):
                         total += int(m.group(1))
+            if args.keep:
+                os.makedirs(args.keep, exist_ok=True)
+                shutil.copy(path, args.keep)
         calls = per_client * args.clients
     print(
         json.dumps(

@@ -33,6 +33,7 @@ import tempfile
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client import multiprocess as prom_multiprocess
@@ -108,6 +109,10 @@ class ServerMetrics:
         )
         for kind in AUTH_FAILURE_KINDS:  # present at 0 so that rate() works from the first failure
             self.auth_failures.labels(kind)
+        # Each call's labelled children, kept: ``labels()`` returns the same child every time, after a lock,
+        # a tuple and a dict look-up per call (docs/PERFORMANCE.md, "serve's CPU per call"). The keys are
+        # served tools (or ``unknown``) and outcome codes: bounded.
+        self._call_children: dict[tuple[str, str], tuple[Any, Any]] = {}
 
     # -- logstore.core.observe.EngineObserver --------------------------------------------------------------
     def commit(self, *, requests: int, nbytes: int, fsync_seconds: float) -> None:
@@ -120,8 +125,12 @@ class ServerMetrics:
 
     # -- server hooks ---------------------------------------------------------------------------------
     def tool_call(self, call: ToolCall) -> None:
-        self.calls.labels(call.tool, call.code).inc()
-        self.latency.labels(call.tool).observe(call.seconds)
+        children = self._call_children.get((call.tool, call.code))
+        if children is None:
+            children = self.calls.labels(call.tool, call.code), self.latency.labels(call.tool)
+            self._call_children[(call.tool, call.code)] = children
+        children[0].inc()
+        children[1].observe(call.seconds)
 
     def auth_failure(self, kind: str) -> None:
         self.auth_failures.labels(kind).inc()

@@ -181,6 +181,45 @@ def test_the_header_deadline_runs_from_the_last_response_on_a_kept_alive_connect
     assert late.startswith(b"HTTP/1.1 408") and 3 <= idle < 20, (late, idle)  # a stale deadline: ~1.5 s
 
 
+@pytest.fixture(scope="module", params=PARSERS)
+def kept_alive_server(request, tmp_path_factory):
+    """A header deadline (8 s) past uvicorn's keep-alive timeout (5 s from a response, ended by any byte)."""
+    env = LIMITS | {"LOGSTORE_HEADER_TIMEOUT": "8"}
+    with serve(tmp_path_factory.mktemp("keepalive"), "--http", request.param, env=env) as running:
+        yield running
+
+
+def _answered_then(port: int, then: bytes) -> bytes:
+    """One /healthz call on a fresh connection, then ``then`` sent at once; what the server says after
+    the response, until it closes the connection."""
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.settimeout(30)
+        sock.sendall(b"GET /healthz HTTP/1.1\r\n" + HOST + b"\r\n")
+        answer = b""
+        while not answer.endswith(b"}"):
+            chunk = sock.recv(65536)
+            assert chunk, answer
+            answer += chunk
+        assert answer.startswith(b"HTTP/1.1 200") and answer.count(b"HTTP/1.1") == 1
+        if then:
+            sock.sendall(then)
+        late = b""
+        while chunk := sock.recv(65536):
+            late += chunk
+    return late
+
+
+def test_an_idle_kept_alive_connection_is_closed_silently_at_the_keep_alive_timeout(kept_alive_server):
+    # The header deadline would answer 408 (at 8 s); the keep-alive timeout closes first, saying nothing.
+    assert _answered_then(kept_alive_server.port, b"") == b""
+
+
+def test_a_byte_after_the_response_ends_the_keep_alive_timeout(kept_alive_server):
+    # Part of a next request: from then on only the header deadline counts (408), as with uvicorn's timer.
+    late = _answered_then(kept_alive_server.port, b"GET /hea")
+    assert late.startswith(b"HTTP/1.1 408"), late
+
+
 @pytest.fixture
 def without_httptools(tmp_path):
     """An environment in which ``import httptools`` fails (a package of that name that raises)."""

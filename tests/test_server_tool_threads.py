@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import anyio
 
@@ -135,5 +136,54 @@ def test_shutdown_lets_every_queued_call_finish_and_joins_the_threads() -> None:
         assert sorted(done) == [0, 1]
         assert not any(t.name.startswith("logstore-tool") for t in threading.enumerate())
         await asyncio.gather(*tasks)
+
+    asyncio.run(main())
+
+
+def test_calls_finishing_while_the_loop_is_busy_share_one_wake_up_and_all_arrive() -> None:
+    wakes: list[object] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        threads = ToolThreads(anyio.CapacityLimiter(8))
+        real = loop.call_soon_threadsafe
+
+        def counting(callback, *args):  # type: ignore[no-untyped-def]
+            wakes.append(callback)
+            return real(callback, *args)
+
+        loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
+        gate = threading.Barrier(9)  # the 8 calls and this (the loop's) thread
+
+        def blocking(i: int) -> int:
+            gate.wait(30)
+            return i
+
+        tasks = [asyncio.ensure_future(threads.run(blocking, i)) for i in range(8)]
+        await asyncio.sleep(0)  # every call handed over
+        await asyncio.sleep(0)
+        gate.wait(30)  # the loop thread is held here while the 8 calls finish
+        deadline = time.monotonic() + 30
+        while len(threads._inbox.done) < 8 and time.monotonic() < deadline:  # type: ignore[union-attr]
+            time.sleep(0.001)  # the loop is busy: nothing it could take meanwhile
+        assert await asyncio.wait_for(asyncio.gather(*tasks), 30) == list(range(8))
+        assert len(wakes) == 1
+        await loop.run_in_executor(None, threads.shutdown)
+
+    asyncio.run(main())
+
+
+def test_no_outcome_is_lost_between_a_drain_and_the_next_wake_up() -> None:
+    async def main() -> None:
+        threads = ToolThreads(anyio.CapacityLimiter(16))
+        for _ in range(300):  # calls finishing at every moment of the loop's drains (none waits for a token)
+            tasks = [asyncio.ensure_future(threads.run(lambda i=i: i)) for i in range(16)]
+            _, stranded = await asyncio.wait(tasks, timeout=60)
+            if stranded:  # not cancelled (a cancelled call waits for its outcome): taken by hand, then failed
+                threads._inbox.drain()  # type: ignore[union-attr]
+                await asyncio.gather(*stranded)
+            assert not stranded, f"{len(stranded)} outcomes arrived and no wake-up took them"
+            assert [t.result() for t in tasks] == list(range(16))
+        await asyncio.get_running_loop().run_in_executor(None, threads.shutdown)
 
     asyncio.run(main())

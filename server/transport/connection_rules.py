@@ -107,7 +107,12 @@ class GuardedConnection(asyncio.Protocol):
     connection, armed when none is, checks the phase it finds when it fires (re-arming itself for that
     phase's own deadline if the phase changed meanwhile). A keep-alive connection making 100 calls a
     second thus sets about one timer per ``header_timeout``, not two per call (~30k instructions each,
-    docs/PERFORMANCE.md)."""
+    docs/PERFORMANCE.md).
+
+    A subclass whose parser's own keep-alive timer (uvicorn's: armed at every response, cancelled by the
+    next byte) it replaces calls ``_idle`` where uvicorn would arm it and ``_busy`` where uvicorn would
+    cancel it; the same timer then also closes the connection, silently as uvicorn does, once it has been
+    idle ``timeout_keep_alive`` seconds. For that, no timer is set further ahead than that timeout."""
 
     limits: ClassVar[HttpLimits]  # set by connections.guarded_protocol
     max_connections: ClassVar[int]
@@ -116,10 +121,12 @@ class GuardedConnection(asyncio.Protocol):
     loop: asyncio.AbstractEventLoop
     connections: set[Any]
     cycle: Any
+    timeout_keep_alive: int  # seconds (uvicorn's --timeout-keep-alive)
 
     _deadline: asyncio.TimerHandle | None = None
     _phase: tuple[Phase, Any] | None = None  # (phase, request cycle): a new pair starts a new deadline
     _phase_started = 0.0  # loop.time()
+    _idle_since: float | None = None  # loop.time() of the response after which nothing came (``_idle``)
 
     def _client_phase(self) -> Phase:
         raise NotImplementedError
@@ -186,22 +193,42 @@ class GuardedConnection(asyncio.Protocol):
             return
         self._phase, self._phase_started = phase, self.loop.time()
         if self._deadline is None:
-            timeout = self._timeout(phase[0])
-            if timeout is not None:
-                self._deadline = self.loop.call_at(self._phase_started + timeout, self._check)
+            self._arm(self._phase_started)
+
+    def _idle(self) -> None:
+        """A response is complete and no other request is waiting: the keep-alive timeout runs from now."""
+        self._idle_since = self.loop.time()
+
+    def _busy(self) -> None:
+        """Bytes arrived: no keep-alive timeout until the next ``_idle``."""
+        self._idle_since = None
+
+    def _arm(self, now: float) -> None:
+        # The phase's deadline or the keep-alive timeout's, whichever is first; never further ahead than
+        # the keep-alive timeout, so that one starting later (at any response) is never missed.
+        timeout = self._timeout(self._phase[0]) if self._phase is not None else None
+        due = now + self.timeout_keep_alive
+        if timeout is not None:
+            due = min(due, self._phase_started + timeout)
+        if self._idle_since is not None:
+            due = min(due, self._idle_since + self.timeout_keep_alive)
+        self._deadline = self.loop.call_at(due, self._check)
 
     def _check(self) -> None:
         self._deadline = None
         if self._phase is None or self.transport.is_closing():
             return
+        now = self.loop.time()
+        if self._idle_since is not None and now >= self._idle_since + self.timeout_keep_alive:
+            self.transport.close()  # as uvicorn's keep-alive timer: silently
+            return
         timeout = self._timeout(self._phase[0])
-        if timeout is None:  # the server owes a response: no deadline until that changes (_rearm)
+        if timeout is not None and now >= self._phase_started + timeout:
+            self._expire("headers" if self._phase[0] is Phase.HEADERS else "body")
             return
-        due = self._phase_started + timeout
-        if self.loop.time() < due:  # the phase changed since this timer was set
-            self._deadline = self.loop.call_at(due, self._check)
-            return
-        self._expire("headers" if self._phase[0] is Phase.HEADERS else "body")
+        if timeout is not None or self._idle_since is not None:
+            self._arm(now)
+        # else: the server owes a response and nothing is idle: no timer until that changes (_rearm)
 
     def _expire(self, what: str) -> None:
         # Waiting for headers, no response is in flight; waiting for a body, one may already be sent
