@@ -89,7 +89,7 @@ def prepare_decoded(batch: DecodedBatch) -> PreparedBatch:
     for index, item in enumerate(batch.items):
         raw = _encode(item)
         if len(raw) > _UNWALKED_BYTES:  # batch.py's walk, as encode_item: names the path of what it breaks
-            if not _vouch(item, 1, len(raw) > MAX_INT_DIGITS):
+            if not _vouch((item,), 1, len(raw) > MAX_INT_DIGITS):
                 raw = _verdict(item, index)
             check_item_size(index, len(raw))
         encoded.append(raw)
