@@ -180,11 +180,13 @@ def _vouch(nodes: Iterable[Any], depth: int, ints: bool) -> bool:
                 values = node
             for value in values:
                 kind = type(value)
-                if kind is str or kind is bool or value is None:
+                if kind is str:
                     continue
                 if kind is int:
                     if ints and not _NEG_INT_BOUND < value < _INT_BOUND:
                         return False
+                elif kind is bool or value is None:
+                    continue
                 elif kind is float:
                     if value - value != 0.0:  # inf - inf and nan - nan are nan; a finite x - x is 0.0
                         return False
