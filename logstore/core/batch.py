@@ -159,10 +159,11 @@ def _vouch(nodes: Iterable[Any], depth: int, ints: bool) -> bool:
     integer of more than ``MAX_INT_DIGITS`` digits (a chat-sized item is not: its integers need no check
     at all).
 
-    Only exact JSON types are vouched for; tuples, subclasses, datetimes, int keys and the like go to
-    ``_walk``. No path bookkeeping, no per-value branches for rules that cannot apply: the common item
-    costs one type test per value. Level by level, not by recursion: the containers of the next level
-    are collected, so a container costs a list append, not a call (a batch is vouched for at once)."""
+    Only exact JSON types are vouched for, and at level 1 (the items) only objects; tuples, subclasses,
+    datetimes, int keys and the like go to ``_walk``. No path bookkeeping, no per-value branches for rules
+    that cannot apply: the common item costs one type test per value. Level by level, not by recursion:
+    the containers of the next level are collected, so a container costs a list append, not a call (a
+    batch is vouched for at once)."""
     while True:
         if depth > MAX_PAYLOAD_DEPTH:
             return False
@@ -174,6 +175,8 @@ def _vouch(nodes: Iterable[Any], depth: int, ints: bool) -> bool:
                     if type(key) is not str:
                         return False
                 values = node.values()
+            elif depth == 1:  # an item that is not exactly an object: ``_verdict`` says what it is
+                return False
             elif len(node) >= 16 and type(node[0]) in _NUMBERS and _numbers_ok(node):
                 continue
             else:
@@ -268,14 +271,13 @@ def _encode_items(items: Sequence[Any], start: int = 0) -> list[bytes]:
     walk cheap: whatever msgspec refuses (lone surrogates, unsupported types) never reaches it, and an
     encoding shorter than ``MAX_INT_DIGITS`` bytes cannot hold a too-long integer.
 
-    Each item's checks keep their order, and so does the first refusal: the run stops at an item that is
-    not an object, that msgspec refuses or that is too large; the items before it are vouched for (one
-    by one, the walk naming the path, if not at once), then ``_one_by_one`` goes on from it."""
+    Each item's checks keep their order, and so does the first refusal: the run stops at an item that
+    msgspec refuses or that is too large; the items before it are vouched for (one by one, the walk
+    naming the path, if not at once: an item that is not exactly an object is never vouched for), then
+    ``_one_by_one`` goes on from it."""
     encoded = []
     ints = False  # some encoding long enough to hold a too-long integer: integers are checked
     for item in items:
-        if type(item) is not dict:
-            break
         try:
             raw = _encode(item)
         except (TypeError, ValueError, OverflowError, RecursionError):
