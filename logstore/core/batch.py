@@ -152,18 +152,14 @@ def _walk(node: dict[Any, Any] | list[Any] | tuple[Any, ...], depth: int, string
 
 
 def _vouch(nodes: Iterable[Any], depth: int, ints: bool) -> bool:
-    """True if every object or array in ``nodes`` (exact dicts and lists, each at nesting level ``depth``)
-    and everything below them break no rule; False means "undecided: ask ``_walk``", which then names the
-    path or accepts. Called only on what msgspec has just encoded without an error (so no lone surrogate
-    and no unsupported type anywhere), and ``ints`` says whether that encoding is long enough to hold an
-    integer of more than ``MAX_INT_DIGITS`` digits (a chat-sized item is not: its integers need no check
-    at all).
-
-    Only exact JSON types are vouched for, and at level 1 (the items) only objects; tuples, subclasses,
-    datetimes, int keys and the like go to ``_walk``. No path bookkeeping, no per-value branches for rules
-    that cannot apply: the common item costs one type test per value. Level by level, not by recursion:
-    the containers of the next level are collected, so a container costs a list append, not a call (a
-    batch is vouched for at once)."""
+    """True if every object or array in ``nodes`` (exact dicts and lists at nesting level ``depth``) and
+    everything below them break no rule; False means "undecided: ask ``_walk``", which names the path or
+    accepts. Called only on what msgspec has just encoded (so no lone surrogate and no unsupported type
+    anywhere); ``ints``: some encoding is long enough to hold an integer of more than ``MAX_INT_DIGITS``
+    digits (a chat-sized item is not: its integers need no check). Only exact JSON types are vouched for,
+    and at level 1 (the items) only objects; tuples, subclasses, int keys and the like go to ``_walk``. No
+    path bookkeeping: one type test per value. Level by level, not by recursion: a container costs a list
+    append, not a call, and a batch is vouched for in one call."""
     while True:
         if depth > MAX_PAYLOAD_DEPTH:
             return False
@@ -263,18 +259,12 @@ def encode_item(item: Any, index: int) -> bytes:
 
 
 def _encode_items(items: Sequence[Any], start: int = 0) -> list[bytes]:
-    """``encode_item`` of each item in order (``start``: the first one's index), with ``_vouch`` called
-    once for the whole run of plain items (one call per batch, not per item: PERFORMANCE.md).
-
-    Encoding comes first (msgspec, in C), then one walk that only vouches (``_vouch``); the walk that
-    names paths (``_walk``) runs only for an item it does not vouch for. Encoding first is what makes the
-    walk cheap: whatever msgspec refuses (lone surrogates, unsupported types) never reaches it, and an
-    encoding shorter than ``MAX_INT_DIGITS`` bytes cannot hold a too-long integer.
-
-    Each item's checks keep their order, and so does the first refusal: the run stops at an item that
-    msgspec refuses or that is too large; the items before it are vouched for (one by one, the walk
-    naming the path, if not at once: an item that is not exactly an object is never vouched for), then
-    ``_one_by_one`` goes on from it."""
+    """``encode_item`` of each item in order (``start``: the first one's index). Encoding first (msgspec,
+    in C) keeps the walk cheap: whatever msgspec refuses (lone surrogates, unsupported types) never
+    reaches it, and an encoding shorter than ``MAX_INT_DIGITS`` bytes cannot hold a too-long integer.
+    The run of items msgspec takes (up to a refused or too-large one) is vouched for in one ``_vouch``
+    call (PERFORMANCE.md); if not, one by one, ``_walk`` naming the first refusal's path as the checks'
+    order per item requires; ``_one_by_one`` goes on from the item that stopped the run."""
     encoded = []
     ints = False  # some encoding long enough to hold a too-long integer: integers are checked
     for item in items:
@@ -298,8 +288,7 @@ def _encode_items(items: Sequence[Any], start: int = 0) -> list[bytes]:
 
 
 def _one_by_one(items: Sequence[Any], start: int) -> list[bytes]:
-    """``_encode_items`` from an item that stopped its run: each item encoded, vouched for and sized in
-    turn, the first refusal raised."""
+    """``_encode_items`` item by item: encoded, vouched for and sized in turn, the first refusal raised."""
     encoded = []
     for index, item in enumerate(items, start):
         if type(item) is dict:
