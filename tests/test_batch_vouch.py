@@ -14,11 +14,46 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from logstore import InvalidArgument
-from logstore.core.batch import _check, _vouch, encode_item
-from logstore.core.limits import MAX_INT_DIGITS, MAX_PAYLOAD_DEPTH
+from logstore import InvalidArgument, PayloadTooLarge
+from logstore.core.batch import _check, _vouch, encode_item, prepare_batch
+from logstore.core.limits import MAX_INT_DIGITS, MAX_ITEM_BYTES, MAX_PAYLOAD_DEPTH
 from tests.test_batch import nested_dict, nested_list
 
+
+class _Str(str):
+    pass
+
+
+class _Int(int):
+    pass
+
+
+class _Float(float):
+    pass
+
+
+class _Dict(dict):  # type: ignore[type-arg]
+    pass
+
+
+class _List(list):  # type: ignore[type-arg]
+    pass
+
+
+# Subclasses of the JSON types: stored as the JSON they are, but only the walk may say so.
+_subclassed = st.sampled_from(
+    [
+        lambda: _Str("s"),
+        lambda: _Int(7),
+        lambda: _Int(10**MAX_INT_DIGITS),
+        lambda: _Float(0.5),
+        lambda: _Float(math.nan),
+        lambda: _Dict(a=1),
+        lambda: _Dict(a=math.inf),
+        lambda: _List([1]),
+        lambda: _List([math.nan]),
+    ]
+).map(lambda make: make())  # a fresh object per draw
 _scalars = (
     st.none()
     | st.booleans()
@@ -28,6 +63,7 @@ _scalars = (
     | st.sampled_from([math.nan, math.inf, -math.inf, 1e308])  # st.floats() draws them rarely
     | st.text(max_size=5)  # lone surrogates included
     | st.sampled_from([datetime.date(2026, 1, 1), decimal.Decimal("1.5"), b"x", frozenset({1})])
+    | _subclassed
 )
 _keys = (
     st.text(max_size=4) | st.text(alphabet="ab", max_size=2) | st.sampled_from([0, None])
@@ -45,6 +81,9 @@ _values = st.recursive(
 )
 
 
+_UNSERIALISABLE = "(not JSON-serialisable)"
+
+
 def verdict_of_the_walk(item: dict[Any, Any]) -> bytes | str:
     """What the walk alone decides: the stored bytes, or the rejected path."""
     broken = _check(item, strings=False)
@@ -53,7 +92,8 @@ def verdict_of_the_walk(item: dict[Any, Any]) -> bytes | str:
             return msgspec.json.encode(item)
         except (TypeError, ValueError):
             broken = _check(item)
-            assert broken is not None
+            if broken is None:  # msgspec refuses it (str, int and float subclasses), no rule names a path
+                return _UNSERIALISABLE
     return broken[0]
 
 
@@ -61,7 +101,9 @@ def verdict_of_encode_item(item: dict[Any, Any]) -> bytes | str:
     try:
         return encode_item(item, 0)
     except InvalidArgument as exc:
-        assert exc.path is not None
+        if exc.path is None:
+            assert "is not JSON-serialisable" in str(exc)
+            return _UNSERIALISABLE
         return exc.path
 
 
@@ -87,7 +129,7 @@ def test_vouch_never_changes_the_walks_verdict(item, wraps):
 def test_plain_json_is_vouched_for(item):
     """The fast path really takes these (a vouch that always said "undecided" would pass the test above)."""
     raw = msgspec.json.encode(item)
-    assert _vouch(item, 1, len(raw) > MAX_INT_DIGITS)
+    assert _vouch((item,), 1, len(raw) > MAX_INT_DIGITS)
 
 
 @pytest.mark.parametrize(
@@ -103,4 +145,59 @@ def test_plain_json_is_vouched_for(item):
 )
 def test_anything_else_is_left_to_the_walk(item):
     raw = msgspec.json.encode(item)
-    assert not _vouch(item, 1, len(raw) > MAX_INT_DIGITS)
+    assert not _vouch((item,), 1, len(raw) > MAX_INT_DIGITS)
+
+
+def verdict_of_the_walks(items: list[Any]) -> tuple[bytes, ...] | tuple[int, str]:
+    """What the walk alone decides for a batch, item by item in order: every item's bytes, or the index and
+    the path (or the refusal's name) of the first item refused."""
+    stored = []
+    for index, item in enumerate(items):
+        if not isinstance(item, dict):
+            return index, "not an object"
+        verdict = verdict_of_the_walk(item)
+        if isinstance(verdict, str):
+            return index, verdict
+        if len(verdict) > MAX_ITEM_BYTES:
+            return index, "PayloadTooLarge"
+        stored.append(verdict)
+    return tuple(stored)
+
+
+def verdict_of_prepare_batch(items: list[Any]) -> tuple[bytes, ...] | tuple[int, str]:
+    try:
+        return prepare_batch(items).items
+    except InvalidArgument as exc:
+        assert exc.index is not None
+        if exc.path is None:
+            return exc.index, _UNSERIALISABLE if "is not JSON-serialisable" in str(exc) else "not an object"
+        return exc.index, exc.path
+    except PayloadTooLarge as exc:
+        return exc.index, "PayloadTooLarge"
+
+
+_BIG = {"big": "x" * MAX_ITEM_BYTES}  # too large
+_LONG = {"long": "x" * MAX_INT_DIGITS}  # long enough for integers to be checked in the whole batch
+_items = st.dictionaries(_keys, _scalars | _values, max_size=4) | st.sampled_from(
+    [_BIG, _LONG, {"n": 10**MAX_INT_DIGITS}, [], "x", _Dict(a=1), nested_list(MAX_PAYLOAD_DEPTH),
+     nested_dict(MAX_PAYLOAD_DEPTH), nested_list(MAX_PAYLOAD_DEPTH + 1), nested_dict(MAX_PAYLOAD_DEPTH + 1)]
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(items=st.lists(_items, min_size=1, max_size=6), wraps=st.integers(0, 2))
+def test_the_batch_at_once_never_changes_the_walks_verdict(items, wraps):
+    """``prepare_batch`` vouches for a run of items at once (``_vouch`` level by level over all of them):
+    it stores exactly what the walk passes item by item, and refuses the first item the walk refuses
+    (or that is not an object, or too large), at the same path."""
+    for _ in range(wraps):
+        items = [{"w": [item]} if type(item) is dict else item for item in items]
+    assert verdict_of_prepare_batch(items) == verdict_of_the_walks(items)
+
+
+def test_a_batch_of_plain_items_is_vouched_for_at_once():
+    """The fast path really takes a batch of plain items (one ``_vouch`` for all of them)."""
+    items = [{"role": "user", "n": n, "text": "x", "f": 1.5, "c": [{"a": None}]} for n in range(10)]
+    assert _vouch(items, 1, False)
+    assert not _vouch([*items, {"x": math.nan}], 1, False)
+    assert not _vouch([*items, {"x": (1,)}], 1, False)

@@ -223,3 +223,11 @@ def test_round_trip_property(items, first_seq, recorded_at, write_start):
     assert isinstance(frame, Frame)
     assert frame.items == tuple(items) and frame.first_seq == first_seq
     assert frame.recorded_at == recorded_at and frame.write_start == write_start
+
+
+@pytest.mark.parametrize("sizes", [[4095], [4096], [0, 1, 4095, 4096, 70_000], [255, 256, 65_536]])
+def test_item_lengths_are_packed_alike_on_both_sides_of_the_table(sizes):
+    """``encode_items`` takes short items' u32 lengths from a table built once, longer ones from
+    ``struct``: the same bytes either way, one item or several."""
+    items = [b"x" * n for n in sizes]
+    assert encode_items(items) == b"".join(struct.pack("<I", len(raw)) + raw for raw in items)

@@ -17,12 +17,12 @@ types it does not know):
 
 Each rejection is ``InvalidArgument`` naming the item's index and the JSON path inside it.
 
-One pass per item in the common case (``encode_item``): msgspec encodes, then ``_vouch`` walks the item
-once with a type test per value and no path bookkeeping. Only an item it does not vouch for (a broken
-rule, or a tuple or subclass of a JSON type, which are stored as the JSON they are) takes the walk that
-names paths (``_walk``). Figures (``python -m bench.payload_rules``, docs/PERFORMANCE.md, issue 12):
-~0.33 us per chat-sized item beyond the encoding itself; for the worst shapes (256 KiB of tiny objects or
-of integers) 5-10x the encoding.
+One pass per item in the common case (``_encode_items``): msgspec encodes each item, then ``_vouch`` walks
+the batch's items once, level by level, with a type test per value and no path bookkeeping. Only an item
+it does not vouch for (a broken rule, or a tuple or subclass of a JSON type, which are stored as the JSON
+they are) takes the walk that names paths (``_walk``). Figures (``python -m bench.payload_rules``,
+docs/PERFORMANCE.md, issues 12 and 35): ~0.33 us per chat-sized item beyond the encoding itself; for the
+worst shapes (256 KiB of tiny objects or of integers) 5-10x the encoding.
 """
 
 from __future__ import annotations
@@ -151,41 +151,51 @@ def _walk(node: dict[Any, Any] | list[Any] | tuple[Any, ...], depth: int, string
             raise
 
 
-def _vouch(node: dict[Any, Any] | list[Any], depth: int, ints: bool) -> bool:
-    """True if the object or array ``node`` at nesting level ``depth`` and everything below it break no rule;
-    False means "undecided: ask ``_walk``", which then names the path or accepts. Called only on what
-    msgspec has just encoded without an error (so no lone surrogate and no unsupported type anywhere),
-    and ``ints`` says whether that encoding is long enough to hold an integer of more than
-    ``MAX_INT_DIGITS`` digits (a chat-sized item is not: its integers need no check at all).
-
-    Only exact JSON types are vouched for; tuples, subclasses, datetimes, int keys and the like go to
-    ``_walk``. No path bookkeeping, no per-value branches for rules that cannot apply: the common item
-    costs one type test per value."""
-    if depth > MAX_PAYLOAD_DEPTH:
-        return False
-    values: Iterable[Any]
-    if isinstance(node, dict):  # only exact dicts and lists get here
-        for key in node:
-            if type(key) is not str:
-                return False
-        values = node.values()
-    elif len(node) >= 16 and type(node[0]) in _NUMBERS and _numbers_ok(node):
-        return True
-    else:
-        values = node
-    for value in values:
-        kind = type(value)
-        if kind is str or kind is bool or value is None:
-            continue
-        if kind is int:
-            if ints and not _NEG_INT_BOUND < value < _INT_BOUND:
-                return False
-        elif kind is float:
-            if value - value != 0.0:  # inf - inf and nan - nan are nan; a finite x - x is 0.0
-                return False
-        elif (kind is not dict and kind is not list) or not _vouch(value, depth + 1, ints):
+def _vouch(nodes: Iterable[Any], depth: int, ints: bool) -> bool:
+    """True if every object or array in ``nodes`` (exact dicts and lists at nesting level ``depth``) and
+    everything below them break no rule; False means "undecided: ask ``_walk``", which names the path or
+    accepts. Called only on what msgspec has just encoded (so no lone surrogate and no unsupported type
+    anywhere); ``ints``: some encoding is long enough to hold an integer of more than ``MAX_INT_DIGITS``
+    digits (a chat-sized item is not: its integers need no check). Only exact JSON types are vouched for,
+    and at level 1 (the items) only objects; tuples, subclasses, int keys and the like go to ``_walk``. No
+    path bookkeeping: one type test per value. Level by level, not by recursion: a container costs a list
+    append, not a call, and a batch is vouched for in one call."""
+    while True:
+        if depth > MAX_PAYLOAD_DEPTH:
             return False
-    return True
+        below: list[Any] = []
+        for node in nodes:
+            values: Iterable[Any]
+            if type(node) is dict:  # only exact dicts and lists get here
+                for key in node:
+                    if type(key) is not str:
+                        return False
+                values = node.values()
+            elif depth == 1:  # an item that is not exactly an object: ``_verdict`` says what it is
+                return False
+            elif len(node) >= 16 and type(node[0]) in _NUMBERS and _numbers_ok(node):
+                continue
+            else:
+                values = node
+            for value in values:
+                kind = type(value)
+                if kind is str:
+                    continue
+                if kind is int:
+                    if ints and not _NEG_INT_BOUND < value < _INT_BOUND:
+                        return False
+                elif kind is bool or value is None:
+                    continue
+                elif kind is float:
+                    if value - value != 0.0:  # inf - inf and nan - nan are nan; a finite x - x is 0.0
+                        return False
+                elif kind is dict or kind is list:
+                    below.append(value)
+                else:
+                    return False
+        if not below:
+            return True
+        nodes, depth = below, depth + 1
 
 
 def _check_other(value: Any, depth: int, strings: bool) -> None:
@@ -248,14 +258,37 @@ def encode_item(item: Any, index: int) -> bytes:
     return _encode_items((item,), index)[0]
 
 
-def _encode_items(items: Iterable[Any], start: int = 0) -> list[bytes]:
-    """``encode_item`` of each item in order (``start``: the first one's index), in one loop: no call per
-    item beyond the encoder's and ``_vouch`` (~430 instructions an item, PERFORMANCE.md).
+def _encode_items(items: Sequence[Any], start: int = 0) -> list[bytes]:
+    """``encode_item`` of each item in order (``start``: the first one's index). Encoding first (msgspec,
+    in C) keeps the walk cheap: whatever msgspec refuses (lone surrogates, unsupported types) never
+    reaches it, and an encoding shorter than ``MAX_INT_DIGITS`` bytes cannot hold a too-long integer.
+    The run of items msgspec takes (up to a refused or too-large one) is vouched for in one ``_vouch``
+    call (PERFORMANCE.md); if not, one by one, ``_walk`` naming the first refusal's path as the checks'
+    order per item requires; ``_one_by_one`` goes on from the item that stopped the run."""
+    encoded = []
+    ints = False  # some encoding long enough to hold a too-long integer: integers are checked
+    for item in items:
+        try:
+            raw = _encode(item)
+        except (TypeError, ValueError, OverflowError, RecursionError):
+            break
+        if len(raw) > MAX_INT_DIGITS:
+            if len(raw) > MAX_ITEM_BYTES:
+                break
+            ints = True
+        encoded.append(raw)
+    count, done = len(items), len(encoded)
+    if done and not _vouch(items if done == count else items[:done], 1, ints):
+        for index, item in enumerate(items[:done]):
+            if not _vouch((item,), 1, len(encoded[index]) > MAX_INT_DIGITS):
+                encoded[index] = _verdict(item, start + index)  # raises, or the same bytes (a tuple...)
+    if done < count:
+        encoded += _one_by_one(items[done:], start + done)
+    return encoded
 
-    Encoding comes first (msgspec, in C), then one walk that only vouches (``_vouch``); the walk that
-    names paths (``_walk``) runs only for an item it does not vouch for. Encoding first is what makes the
-    walk cheap: whatever msgspec refuses (lone surrogates, unsupported types) never reaches it, and an
-    encoding shorter than ``MAX_INT_DIGITS`` bytes cannot hold a too-long integer."""
+
+def _one_by_one(items: Sequence[Any], start: int) -> list[bytes]:
+    """``_encode_items`` item by item: encoded, vouched for and sized in turn, the first refusal raised."""
     encoded = []
     for index, item in enumerate(items, start):
         if type(item) is dict:
@@ -264,7 +297,7 @@ def _encode_items(items: Iterable[Any], start: int = 0) -> list[bytes]:
             except (TypeError, ValueError, OverflowError, RecursionError):
                 raw = _verdict(item, index)  # raises, unless msgspec's recursion limit was the only problem
             else:
-                if not _vouch(item, 1, len(raw) > MAX_INT_DIGITS):
+                if not _vouch((item,), 1, len(raw) > MAX_INT_DIGITS):
                     raw = _verdict(item, index)
         else:
             raw = _verdict(item, index)
@@ -365,7 +398,7 @@ def prepare_batch(items: Sequence[Any]) -> PreparedBatch:
     if not 0 < count <= MAX_BATCH_ITEMS:  # (the calls only to raise, as below)
         check_batch_count(count)
     # In order: the first broken rule or limit stops the batch.
-    encoded = tuple(_encode_items(items))
+    encoded = tuple(_encode_items(items if type(items) is list else list(items)))
     total = sum(map(len, encoded))
     if total > MAX_BATCH_BYTES:
         check_batch_size(total)

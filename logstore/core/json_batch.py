@@ -10,12 +10,12 @@ byte-identical stored items over the payload-rules corpus). Compact JSON from ms
 or pydantic is stored as sent.
 
 The saving is the rule walk of small items: an item msgspec decoded here can only hold exact JSON types,
-finite floats and integers of at most 4300 digits, so of the rules (``batch.py``) only depth and a
-4300-digit integer are left, and neither fits in an encoding of at most 256 bytes, which is then not walked
-at all. A longer item takes ``batch.py``'s own walk as ``encode_item`` does (``_vouch``, then ``_verdict``
-naming the path; for the common shape, a few keys and long strings, the walk costs less than a byte scan
-such as ``_shallow``), so refusals are word for word ``prepare_batch``'s. What it costs: the request's items
-are scanned once more (msgspec skipping them as ``Raw``), and each is decoded by its own call. Figures:
+finite floats and integers of at most 4300 digits, so of the rules (``batch.py``) only depth and a 4300-digit
+integer are left, and neither fits in an encoding of at most 256 bytes, which is then not walked at all. The
+longer items take ``batch.py``'s own walk as ``encode_item`` does (``_vouch``, all at once, then ``_verdict``
+naming the path; for the common shape, a few keys and long strings, the walk costs less than a byte scan such
+as ``_shallow``), so refusals are word for word ``prepare_batch``'s. What it costs: the request's items are
+scanned once more (msgspec skipping them as ``Raw``), and each is decoded by its own call. Figures:
 docs/PERFORMANCE.md (issue 34).
 
 Order of checks (``arguments.append_json_args``): the count, then every item must decode to an object
@@ -32,14 +32,13 @@ import msgspec
 
 from .batch import (
     PreparedBatch,
-    _verdict,
+    _one_by_one,
     _vouch,
     check_batch_count,
     check_batch_size,
-    check_item_size,
 )
 from .errors import InvalidArgument, ItemNotAnObject
-from .limits import MAX_INT_DIGITS, MAX_PAYLOAD_DEPTH
+from .limits import MAX_INT_DIGITS, MAX_ITEM_BYTES, MAX_PAYLOAD_DEPTH
 
 __all__ = ["JsonText", "DecodedBatch", "decode_json_items", "prepare_decoded"]
 
@@ -84,14 +83,20 @@ def decode_json_items(texts: Sequence[JsonText]) -> DecodedBatch:
 
 
 def prepare_decoded(batch: DecodedBatch) -> PreparedBatch:
-    """``prepare_batch`` for decoded JSON text: the same bytes, the same refusals."""
-    encoded = []
-    for index, item in enumerate(batch.items):
+    """``prepare_batch`` for decoded JSON text: the same bytes, the same refusals. The items long enough
+    to break a rule are vouched for at once (``_vouch``); if not, or if one is too large, batch.py's
+    ``_one_by_one`` finds the first refusal in order, as ``prepare_batch`` would."""
+    encoded: list[bytes] = []
+    walked: list[dict[str, Any]] = []
+    ints = False  # some encoding long enough to hold a too-long integer (or to be too large)
+    for item in batch.items:
         raw = _encode(item)
-        if len(raw) > _UNWALKED_BYTES:  # batch.py's walk, as encode_item: names the path of what it breaks
-            if not _vouch(item, 1, len(raw) > MAX_INT_DIGITS):
-                raw = _verdict(item, index)
-            check_item_size(index, len(raw))
+        if len(raw) > _UNWALKED_BYTES:
+            if len(raw) > MAX_INT_DIGITS:
+                ints = True
+            walked.append(item)
         encoded.append(raw)
+    if walked and (ints and max(map(len, encoded)) > MAX_ITEM_BYTES or not _vouch(walked, 1, ints)):
+        encoded = _one_by_one(batch.items, 0)  # raises the first refusal (the walk names the path)
     check_batch_size(sum(map(len, encoded)))
     return PreparedBatch(tuple(encoded))

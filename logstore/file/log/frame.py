@@ -65,6 +65,8 @@ _MAGICS = {v: MAGIC_FAMILY + bytes([v]) for v in (1, 2)}
 _HEADER = struct.Struct("<4sIIQIqQ")  # magic, crc, length, first_seq, count, recorded_at, write_start
 _BODY_FIXED = struct.Struct("<IQIqQ")  # the CRC'd fixed fields: length .. write_start
 _U32 = struct.Struct("<I")
+_SHORT = 4096  # the u32 lengths of items shorter than this, packed once (memory and gain: PERFORMANCE.md)
+_SHORT_SIZES = [_U32.pack(n) for n in range(_SHORT)]
 HEADER_SIZE = _HEADER.size  # 40
 PREFIX_SIZE = 12  # magic + crc + length: what must be read to know a frame's total size
 _FIXED_AFTER_LENGTH = HEADER_SIZE - PREFIX_SIZE  # 28
@@ -127,10 +129,11 @@ def encode_items(items_json: Sequence[bytes]) -> bytes:
     """The item section of a frame: each item as u32 length + its bytes. Done before seqs are known."""
     if len(items_json) == 1:  # the single item: no list, no join
         raw = items_json[0]
-        return _U32.pack(len(raw)) + raw
+        return (_SHORT_SIZES[len(raw)] if len(raw) < _SHORT else _U32.pack(len(raw))) + raw
     parts = []
     for raw in items_json:
-        parts.append(_U32.pack(len(raw)))
+        size = len(raw)
+        parts.append(_SHORT_SIZES[size] if size < _SHORT else _U32.pack(size))
         parts.append(raw)
     return b"".join(parts)
 
