@@ -121,8 +121,13 @@ class Worker(threading.Thread):
         return self.error
 
 
-def held_once(fs: HeldFS, *, fail: bool = False, until: Callable[[], bool] | None = None):
-    """Hold the next journal sync until ``release`` is set (or ``until()`` holds); ``entered`` once held."""
+def held_once(fs: HeldFS, store: Store, *, fail: bool = False, until: Callable[[], bool] | None = None):
+    """Hold the next journal sync until ``release`` is set (or ``until()`` holds); ``entered`` once held.
+
+    A new site's first use starts a background sweep ("no manifest yet") that ends by syncing a session
+    record under the manifest's lock: it is waited for first, so that the sync held is a creator's, not
+    the sweep's (under load the sweep's came next and held every creator off the lock)."""
+    assert store._manifest(SITE).wait_reconciled(GUARD)
     entered, release, outcome = threading.Event(), threading.Event(), {"waited": True}
 
     def hold() -> bool:
@@ -156,7 +161,7 @@ def test_a_creator_in_its_journal_sync_holds_up_no_append_or_listing_of_the_site
     data = os.path.join(str(tmp_path), "data")
     with Store(data, file_ops=fs) as store:
         store.append(SITE, "steady-conv", ITEMS)
-        entered, release, _ = held_once(fs)
+        entered, release, _ = held_once(fs, store)
         creator = Worker(lambda: store.append(SITE, "new-conversation", ITEMS))
         assert entered.wait(GUARD)
 
@@ -191,9 +196,10 @@ def test_b_concurrent_creators_share_the_journal_sync(tmp_path):
     data = os.path.join(str(tmp_path), "data")
     with Store(data, file_ops=fs) as store:
         store.append(SITE, "first-conv", ITEMS)  # the session's open mark: synced already
+        assert store._manifest(SITE).wait_reconciled(GUARD)  # its last write and sync counted before
         written, synced = fs.journal_writes, fs.journal_syncs
         # The first creation's sync is held until every creator has written its record.
-        _, _, outcome = held_once(fs, until=lambda: fs.wait_writes(written + CREATORS))
+        _, _, outcome = held_once(fs, store, until=lambda: fs.wait_writes(written + CREATORS))
         names = [f"newconv-{i}" for i in range(CREATORS)]
         assert all(w.result() is None for w in _creators(store, names))
         assert outcome["waited"], "the creators' records were not all written while one sync was held"
@@ -215,8 +221,9 @@ def _failed_shared_sync(root: str, seed: int, mode: str) -> None:
     manifest_dir = os.path.join(data, "sites", SITE, "manifest")
     with Store(data, file_ops=fs) as store:
         store.append(SITE, "first-conv", ITEMS)
+        assert store._manifest(SITE).wait_reconciled(GUARD)  # (as in test_b)
         written = fs.journal_writes
-        _, _, outcome = held_once(fs, fail=True, until=lambda: fs.wait_writes(written + CREATORS))
+        _, _, outcome = held_once(fs, store, fail=True, until=lambda: fs.wait_writes(written + CREATORS))
         names = [f"doomed-{i}" for i in range(CREATORS)]
         errors = [w.result() for w in _creators(store, names)]
         assert outcome["waited"]
@@ -243,7 +250,7 @@ def _held_creation(store: Store, fs: HeldFS, create: Callable[[], object], *, fa
     """After a first conversation, ``create`` on a worker until it is held in its journal sync: the
     manifest, the worker, and the event that releases the sync."""
     store.append(SITE, "first-conv", ITEMS)
-    entered, release, _ = held_once(fs, fail=fail)
+    entered, release, _ = held_once(fs, store, fail=fail)
     creator = Worker(create)
     assert entered.wait(GUARD)
     return store._manifest(SITE), creator, release
