@@ -4,8 +4,8 @@ cancelled caller still waits for its thread, so nothing is mid-append when the s
 from __future__ import annotations
 
 import asyncio
+import collections
 import threading
-import time
 
 import anyio
 
@@ -140,6 +140,18 @@ def test_shutdown_lets_every_queued_call_finish_and_joins_the_threads() -> None:
     asyncio.run(main())
 
 
+class _Arrivals(collections.deque):  # type: ignore[type-arg]
+    """The inbox's deque, telling each outcome's arrival (a worker's ``append``) by a semaphore."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.arrived = threading.Semaphore(0)
+
+    def append(self, outcome: object) -> None:
+        super().append(outcome)
+        self.arrived.release()
+
+
 def test_calls_finishing_while_the_loop_is_busy_share_one_wake_up_and_all_arrive() -> None:
     wakes: list[object] = []
 
@@ -162,10 +174,11 @@ def test_calls_finishing_while_the_loop_is_busy_share_one_wake_up_and_all_arrive
         tasks = [asyncio.ensure_future(threads.run(blocking, i)) for i in range(8)]
         await asyncio.sleep(0)  # every call handed over
         await asyncio.sleep(0)
+        arrivals = _Arrivals()  # (empty so far: every call waits at the gate)
+        threads._inbox.done = arrivals  # type: ignore[union-attr]
         gate.wait(30)  # the loop thread is held here while the 8 calls finish
-        deadline = time.monotonic() + 30
-        while len(threads._inbox.done) < 8 and time.monotonic() < deadline:  # type: ignore[union-attr]
-            time.sleep(0.001)  # the loop is busy: nothing it could take meanwhile
+        for _ in range(8):  # each outcome on the inbox, the loop still busy
+            assert arrivals.arrived.acquire(timeout=30)
         assert await asyncio.wait_for(asyncio.gather(*tasks), 30) == list(range(8))
         assert len(wakes) == 1
         await loop.run_in_executor(None, threads.shutdown)
