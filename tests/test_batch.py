@@ -233,6 +233,28 @@ def test_subclasses_and_tuples_are_stored_as_the_json_they_are():
     assert encode_item(item, 0) == b'{"c":1,"t":[1,"two"],"o":{"a":1},"s":"x"}'
 
 
+def test_str_and_float_subclasses_are_stored_as_the_value_they_hold():
+    """msgspec refuses them; they were rejected as "not JSON-serialisable" with no path. What is stored is
+    the value, never what an override of ``__str__``, ``__float__`` or ``__repr__`` says."""
+
+    class Name(str):
+        def __str__(self):
+            return "overridden"
+
+    class Score(float):
+        def __float__(self):
+            return 9.0
+
+        def __repr__(self):
+            return "overridden"
+
+    item = {"n": Name("ada"), Name("k"): [Score(2.5), (Name("t"),)], "nan": Score(1.0)}
+    assert encode_item(item, 0) == b'{"n":"ada","k":[2.5,["t"]],"nan":1.0}'
+    assert prepare_batch([{"plain": 1}, item]).items[1] == encode_item(item, 0)
+    assert rejection({"x": [Score(math.nan)]}).path == "$.x[0]"
+    assert rejection({"x": Name("\ud800")}).path == "$.x"
+
+
 def test_paths_quote_odd_keys_and_cut_long_ones():
     err = rejection({"a b": {"x" * 100: {"é": [math.nan]}}})
     assert err.path == '$["a b"]["' + "x" * 32 + '..."]["\\u00e9"][0]'

@@ -67,6 +67,20 @@ __all__ = [
 ]
 
 _encode = msgspec.json.Encoder().encode
+
+
+def _exact(value: Any) -> Any:
+    """msgspec (0.23) refuses subclasses of ``str`` and ``float``; an item the walk passed holds them as
+    values or keys: each is stored as the value it holds (``str.__str__``/``float.__float__`` of the
+    base type, never an override's say)."""
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, float):
+        return float.__float__(value)
+    raise TypeError(f"{type(value).__name__} is not a JSON type")
+
+
+_encode_exact = msgspec.json.Encoder(enc_hook=_exact).encode  # the slow path only (``_verdict``)
 _decode = msgspec.json.Decoder().decode
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _INT_BOUND = 10**MAX_INT_DIGITS  # exclusive: at most MAX_INT_DIGITS digits
@@ -317,7 +331,7 @@ def _verdict(item: Any, index: int) -> bytes:
     broken = _check(item, strings=False)
     if broken is None:
         try:
-            return _encode(item)
+            return _encode_exact(item)
         except (TypeError, ValueError, OverflowError, RecursionError) as exc:
             # A lone surrogate (the walk with strings says where); nothing else is reachable for an item
             # the walk passed, short of a Python stack already ~900 frames deep.
