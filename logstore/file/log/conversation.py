@@ -296,7 +296,7 @@ class ConversationLog:
             last = attempt == _DIRECTORY_TRIES
             if not self._directory_ready:  # the file lock lives there
                 try:
-                    self._dirs.ensure(self.paths.directory)
+                    self._dirs.ensure_log_dir(self.paths.directory)
                 except OSError as exc:
                     if exc.errno == errno.ENOENT and not last:
                         continue
@@ -319,7 +319,7 @@ class ConversationLog:
         self._refresh_locked_io()
         if not files.has_log:
             try:  # the directory's own entry before anything names the log (``durable_dirs``)
-                self._dirs.ensure(self.paths.directory)
+                self._dirs.ensure_log_dir(self.paths.directory)
             except OSError as exc:
                 raise files.io_error("mkdir", exc) from exc
             if self._on_create is not None:

@@ -1,0 +1,155 @@
+"""A new conversation in a new fan-out directory (issue 35 P14, ``DurableDirs.ensure_log_dir``): both fan-out
+levels are made, then their parents are fsynced at once, and both fsyncs are done before the manifest's
+creation record; the order is recorded through ``FileOps`` (start and end of every call), the overlap shown
+by a probe that holds one fsync until the other started. A level made at once with its child is proven again
+by whoever finds it (its maker may have died before either fsync): test_new_conversation's power-loss case
+of directories left by a dead process."""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+
+import pytest
+
+from logstore import Store
+from logstore.core.errors import Io
+from logstore.file import layout
+from logstore.file.fileio import FILE_MODE, FileOps
+from logstore.file.layout import conversation_paths
+from tests.test_new_conversation import neighbour
+
+SITE = "site-a"
+ITEMS = [{"role": "user", "content": "hello"}]
+WARM = "warm-conversation"
+
+
+class RecordingOps(FileOps):
+    """Real file operations; every mkdir, sync and file creation noted as ("start"|"end", call, path), in
+    the order they happened, from every thread. ``hold``: that directory's fsync waits (up to 10 s) until
+    the fsync of ``until`` has started; ``fail``: that directory's fsync fails (EIO) while set."""
+
+    def __init__(self) -> None:
+        self._paths: dict[int, str] = {}
+        self._mutex = threading.Lock()
+        self.events: list[tuple[str, str, str]] = []
+        self.started: dict[str, threading.Event] = {}
+        self.hold: tuple[str, str] | None = None
+        self.overlapped: bool | None = None
+        self.fail: str | None = None
+
+    def _note(self, edge: str, call: str, path: str) -> None:
+        with self._mutex:
+            self.events.append((edge, call, path))
+            if edge == "start":
+                self.started.setdefault(path, threading.Event()).set()
+
+    def open(self, path: str, flags: int, mode: int = FILE_MODE) -> int:
+        fd = super().open(path, flags, mode)
+        self._paths[fd] = path
+        if flags & os.O_CREAT:
+            self._note("end", "create", path)
+        return fd
+
+    def mkdir(self, path: str) -> None:
+        self._note("start", "mkdir", path)
+        super().mkdir(path)
+        self._note("end", "mkdir", path)
+
+    def fdatasync(self, fd: int) -> None:
+        path = self._paths.get(fd, "?")
+        self._note("start", "fdatasync", path)
+        super().fdatasync(fd)
+        self._note("end", "fdatasync", path)
+
+    def fsync_dir(self, path: str) -> None:
+        self._note("start", "fsync_dir", path)
+        if self.hold is not None and path == self.hold[0] and self.overlapped is None:
+            with self._mutex:
+                other = self.started.setdefault(self.hold[1], threading.Event())
+            self.overlapped = other.wait(timeout=10)
+        if path == self.fail:
+            self._note("end", "fsync_dir", path)
+            raise OSError(errno.EIO, "injected")
+        super().fsync_dir(path)
+        self._note("end", "fsync_dir", path)
+
+    def at(self, edge: str, call: str, path: str) -> int:
+        return self.events.index((edge, call, path))
+
+    def syncs(self) -> list[tuple[str, str]]:
+        return [(call, path) for edge, call, path in self.events if edge == "end" and call != "create"]
+
+
+def in_a_new_top_level(data: str) -> str:
+    """A conversation id whose fan-out parent (``h1``) differs from ``WARM``'s: both levels are new."""
+    ids = (f"new-conversation-{i}" for i in range(1000))
+    return next(cid for cid in ids if layout.fanout(cid)[0] != layout.fanout(WARM)[0])
+
+
+def test_both_new_levels_are_made_then_synced_at_once_before_the_creation_record(tmp_path):
+    data = str(tmp_path / "data")
+    ops = RecordingOps()
+    with Store(data, file_ops=ops) as store:
+        store.append(SITE, WARM, ITEMS)  # the site's ``conversations`` is made and proven
+        cid = in_a_new_top_level(data)
+        paths = conversation_paths(data, SITE, cid)
+        leaf, top = paths.directory, os.path.dirname(paths.directory)
+        conversations = os.path.dirname(top)
+        journal = next(p for _, c, p in ops.events if c == "fdatasync" and "journal." in os.path.basename(p))
+        ops.events = []
+        ops.hold = (conversations, top)  # fsync(conversations) waits until fsync(top) started
+        got = store.append(SITE, cid, ITEMS)
+        assert got.first == 0
+        assert ops.overlapped is True  # the two levels' fsyncs ran at the same time
+        assert ops.syncs()[:2] == [("mkdir", top), ("mkdir", leaf)]
+        assert sorted(ops.syncs()[2:4]) == [
+            ("fsync_dir", conversations),  # the top level's entry
+            ("fsync_dir", top),  # the leaf's entry
+        ]
+        # Both made before either fsync started; both fsyncs done before the creation record is synced,
+        # which is done before the log exists; the frames and the log's entry after that, at once.
+        made = max(ops.at("end", "mkdir", top), ops.at("end", "mkdir", leaf))
+        assert made < min(ops.at("start", "fsync_dir", top), ops.at("start", "fsync_dir", conversations))
+        dirs_done = max(ops.at("end", "fsync_dir", top), ops.at("end", "fsync_dir", conversations))
+        assert dirs_done < ops.at("start", "fdatasync", journal)
+        assert ops.at("end", "fdatasync", journal) < ops.at("end", "create", paths.log)
+        assert ops.syncs()[4] == ("fdatasync", journal)
+        assert sorted(ops.syncs()[5:]) == [("fdatasync", paths.log), ("fsync_dir", leaf)]  # at once
+        # The next new conversation in the same leaf: no directory work but its log's entry.
+        (other,) = neighbour(cid)
+        ops.events = []
+        store.append(SITE, other, ITEMS)
+        assert ops.syncs()[0] == ("fdatasync", journal)
+        assert sorted(ops.syncs()[1:]) == [
+            ("fdatasync", conversation_paths(data, SITE, other).log),
+            ("fsync_dir", leaf),
+        ]
+
+
+def test_a_failed_level_fsync_fails_the_append_and_proves_nothing(tmp_path):
+    """The top level's parent fsync fails while the leaf's succeeds: the append fails (retryable ``Io``)
+    before any record names the conversation, and the retry proves both levels again."""
+    data = str(tmp_path / "data")
+    ops = RecordingOps()
+    with Store(data, file_ops=ops) as store:
+        store.append(SITE, WARM, ITEMS)
+        cid = in_a_new_top_level(data)
+        paths = conversation_paths(data, SITE, cid)
+        top = os.path.dirname(paths.directory)
+        conversations = os.path.dirname(top)
+        ops.fail = conversations
+        ops.events = []
+        with pytest.raises(Io):
+            store.append(SITE, cid, [{"try": 1}])
+        assert ("fsync_dir", top) in ops.syncs()  # the other one ran (at once), and is not trusted
+        assert not os.path.exists(paths.log)
+        assert cid not in [c.conversation_id for c in store.list_conversations(SITE).conversations]
+        ops.fail = None
+        ops.events = []
+        assert store.append(SITE, cid, [{"try": 2}]).first == 0
+        synced = ops.syncs()
+        assert ("fsync_dir", conversations) in synced and ("fsync_dir", top) in synced
+        assert [i.payload for i in store.replay(SITE, cid, 0, 10)] == [{"try": 2}]
+
