@@ -8,7 +8,10 @@ of directories left by a dead process."""
 from __future__ import annotations
 
 import errno
+import glob
+import io
 import os
+import random
 import threading
 
 import pytest
@@ -18,6 +21,11 @@ from logstore.core.errors import Io
 from logstore.file import layout
 from logstore.file.fileio import FILE_MODE, FileOps
 from logstore.file.layout import conversation_paths
+from logstore.file.manifest.codec import Entry, decode_records, record_offsets
+from logstore.fsck.backup import backup
+from logstore.fsck.check import check
+from logstore.fsck.logdump import export_items
+from tests.faultfs import NO_SYNC_OPS, FaultFS, materialize
 from tests.test_new_conversation import neighbour
 
 SITE = "site-a"
@@ -153,3 +161,78 @@ def test_a_failed_level_fsync_fails_the_append_and_proves_nothing(tmp_path):
         assert ("fsync_dir", conversations) in synced and ("fsync_dir", top) in synced
         assert [i.payload for i in store.replay(SITE, cid, 0, 10)] == [{"try": 2}]
 
+
+
+class _Died(BaseException):
+    """The creator's death (not an ``OSError``: nothing is poisoned, nothing after it runs)."""
+
+
+class RecordBeforeDirs(FaultFS):
+    """The fan-out levels' fsyncs never reach the disk (ordered against nothing but the log's creation,
+    they may still be in flight when the power fails), and the creator dies as it creates the log."""
+
+    def __init__(self, root: str, conversations: str, log: str) -> None:
+        super().__init__(root)
+        self.conversations, self.log_path, self.armed = conversations, log, False
+
+    def fsync_dir(self, path: str) -> None:
+        if not (self.armed and os.path.abspath(path).startswith(self.conversations)):
+            super().fsync_dir(path)
+
+    def open(self, path: str, flags: int, mode: int = FILE_MODE) -> int:
+        if self.armed and path == self.log_path and flags & os.O_CREAT:
+            raise _Died
+        return super().open(path, flags, mode)
+
+
+def test_a_creation_record_durable_without_its_directories_is_harmless_everywhere(tmp_path):
+    """The crash state a creation record synced at once with its directories' fsyncs adds: after a power
+    loss the manifest names a conversation with no fan-out directory (no lock file, no log). Like a record
+    whose log was never created: not listed, reads empty, not reconciled, fsck clean and its repair's
+    rebuild (forced here by a damaged record) keeps it, backup and export skip it, and the next append
+    makes the directories again and lands at seq 0."""
+    root = str(tmp_path / "fs")
+    data = os.path.join(root, "data")
+    cid = in_a_new_top_level(data)
+    paths = conversation_paths(data, SITE, cid)
+    fs = RecordBeforeDirs(root, layout.conversations_dir(data, SITE), paths.log)
+    store = Store(data, file_ops=fs)
+    try:
+        store.append(SITE, WARM, ITEMS)
+        fs.armed = True
+        with pytest.raises(_Died):
+            store.append(SITE, cid, ITEMS)
+        image = fs.crash_image(random.Random(0), "drop")
+    finally:
+        fs.armed = False
+        store.close()
+    crashed = str(tmp_path / "crashed")
+    materialize(image, crashed)
+    d = os.path.join(crashed, "data")
+    after = conversation_paths(d, SITE, cid)
+    assert not os.path.exists(os.path.dirname(after.directory))  # the record's directories are gone
+    journal = max(glob.glob(os.path.join(layout.manifest_dir(d, SITE), "journal.*")))
+    with open(journal, "rb") as f:
+        records, _, _ = decode_records(f.read())
+    assert (cid, Entry(-1, -1, 0, 0)) in records  # ... and the record is there
+    with Store(d, file_ops=NO_SYNC_OPS) as store:
+        assert store._manifest(SITE).wait_reconciled(30)
+        assert [c.conversation_id for c in store.list_conversations(SITE).conversations] == [WARM]
+        assert store.replay(SITE, cid, 0, 10) == []
+    with open(journal, "rb") as f:
+        offset = record_offsets(f.read())[1]
+    with open(journal, "r+b") as f:  # a damaged record: the repair rebuilds the site's manifest
+        f.seek(offset + 12)
+        byte = f.read(1)
+        f.seek(offset + 12)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    assert check(d).exit_code == 4
+    assert check(d, repair=True).exit_code == 1  # found and fixed
+    assert check(d).exit_code == 0
+    assert backup(d, str(tmp_path / "backup")).conversations == 1
+    assert check(str(tmp_path / "backup")).exit_code == 0
+    assert export_items(NO_SYNC_OPS, after, io.BytesIO()) == 0
+    with Store(d, file_ops=NO_SYNC_OPS) as store:
+        assert store.append(SITE, cid, ITEMS).first == 0
+        assert {c.conversation_id for c in store.list_conversations(SITE).conversations} == {WARM, cid}
+    assert check(d).exit_code == 0
