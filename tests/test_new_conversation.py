@@ -144,12 +144,12 @@ def test_a_directory_found_existing_is_proven_once_per_process(tmp_path):
         paths = conversation_paths(data, SITE, a)
         synced = kinds(ops.syncs, paths)
         site_dir = layout.site_dir(data, SITE)
-        assert set(synced[:3]) == {  # at once, before the creation record
+        assert set(synced[:4]) == {  # at once, before the log is created
+            ("fdatasync", "journal"),  # the creation record
             ("fsync_dir", site_dir),  # proves ``conversations`` (found existing: level by level above)
             ("fsync_dir", conversations),  # proves the fan-out parent
             ("fsync_dir", "fan-out parent"),  # proves the fan-out directory
         }
-        assert synced[3] == ("fdatasync", "journal")
         assert sorted(synced[4:]) == [("fdatasync", "log"), ("fsync_dir", "fan-out dir")]
         ops.reset()
         store.append(SITE, b, ITEMS)

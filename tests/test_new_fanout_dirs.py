@@ -1,10 +1,12 @@
-"""A new conversation in a new fan-out directory (issue 35 P14, ``DurableDirs.ensure_log_dir``): both fan-out
-levels are made, then their parents are fsynced at once, and both fsyncs are done before the manifest's
-creation record; the order is recorded through ``FileOps`` (start and end of every call), the overlap shown
-by a probe that holds one fsync until the other started. A level made at once with its child is proven again
-by whoever finds it (its maker may have died before either fsync): test_new_conversation's power-loss case
-of directories left by a dead process."""
+"""A new conversation in a new fan-out directory (issue 35 P14, ``DurableDirs.make_log_dir`` and
+``log_dir_alongside``): both fan-out levels are made, then their parents' fsyncs and the manifest's creation
+record run at once, all done before the log is created; the order is recorded through ``FileOps`` (start and
+end of every call), the overlap shown by a probe that holds a sync until another started. A level made at
+once with its child is proven again by whoever finds it (its maker may have died before either fsync):
+test_new_conversation's power-loss case of directories left by a dead process. The state the record synced
+at once with the directories adds (the record durable, its directories gone) is judged below.
 
+"""
 from __future__ import annotations
 
 import errno
@@ -35,16 +37,17 @@ WARM = "warm-conversation"
 
 class RecordingOps(FileOps):
     """Real file operations; every mkdir, sync and file creation noted as ("start"|"end", call, path), in
-    the order they happened, from every thread. ``hold``: that directory's fsync waits (up to 10 s) until
-    the fsync of ``until`` has started; ``fail``: that directory's fsync fails (EIO) while set."""
+    the order they happened, from every thread. ``hold``: {path: other}: the first sync of ``path`` waits
+    (up to 10 s) until a sync of ``other`` has started (``overlapped[path]``: it had); ``fail``: that
+    directory's fsync fails (EIO) while set."""
 
     def __init__(self) -> None:
         self._paths: dict[int, str] = {}
         self._mutex = threading.Lock()
         self.events: list[tuple[str, str, str]] = []
         self.started: dict[str, threading.Event] = {}
-        self.hold: tuple[str, str] | None = None
-        self.overlapped: bool | None = None
+        self.hold: dict[str, str] = {}
+        self.overlapped: dict[str, bool] = {}
         self.fail: str | None = None
 
     def _note(self, edge: str, call: str, path: str) -> None:
@@ -65,18 +68,22 @@ class RecordingOps(FileOps):
         super().mkdir(path)
         self._note("end", "mkdir", path)
 
+    def _held(self, path: str) -> None:
+        if path in self.hold and path not in self.overlapped:
+            with self._mutex:
+                other = self.started.setdefault(self.hold[path], threading.Event())
+            self.overlapped[path] = other.wait(timeout=10)
+
     def fdatasync(self, fd: int) -> None:
         path = self._paths.get(fd, "?")
         self._note("start", "fdatasync", path)
+        self._held(path)
         super().fdatasync(fd)
         self._note("end", "fdatasync", path)
 
     def fsync_dir(self, path: str) -> None:
         self._note("start", "fsync_dir", path)
-        if self.hold is not None and path == self.hold[0] and self.overlapped is None:
-            with self._mutex:
-                other = self.started.setdefault(self.hold[1], threading.Event())
-            self.overlapped = other.wait(timeout=10)
+        self._held(path)
         if path == self.fail:
             self._note("end", "fsync_dir", path)
             raise OSError(errno.EIO, "injected")
@@ -96,7 +103,7 @@ def in_a_new_top_level(data: str) -> str:
     return next(cid for cid in ids if layout.fanout(cid)[0] != layout.fanout(WARM)[0])
 
 
-def test_both_new_levels_are_made_then_synced_at_once_before_the_creation_record(tmp_path):
+def test_both_new_levels_are_made_then_synced_at_once_with_the_creation_record(tmp_path):
     data = str(tmp_path / "data")
     ops = RecordingOps()
     with Store(data, file_ops=ops) as store:
@@ -107,23 +114,22 @@ def test_both_new_levels_are_made_then_synced_at_once_before_the_creation_record
         conversations = os.path.dirname(top)
         journal = next(p for _, c, p in ops.events if c == "fdatasync" and "journal." in os.path.basename(p))
         ops.events = []
-        ops.hold = (conversations, top)  # fsync(conversations) waits until fsync(top) started
+        ops.hold = {journal: top, conversations: top}  # each waits until fsync(top) started
         got = store.append(SITE, cid, ITEMS)
         assert got.first == 0
-        assert ops.overlapped is True  # the two levels' fsyncs ran at the same time
+        assert ops.overlapped == {journal: True, conversations: True}  # the three ran at the same time
         assert ops.syncs()[:2] == [("mkdir", top), ("mkdir", leaf)]
-        assert sorted(ops.syncs()[2:4]) == [
+        assert sorted(ops.syncs()[2:5]) == [
+            ("fdatasync", journal),  # the creation record
             ("fsync_dir", conversations),  # the top level's entry
             ("fsync_dir", top),  # the leaf's entry
         ]
-        # Both made before either fsync started; both fsyncs done before the creation record is synced,
-        # which is done before the log exists; the frames and the log's entry after that, at once.
+        # Both made before any of the three started; all three done before the log exists; the frames and
+        # the log's entry after that, at once.
+        three = [("fsync_dir", top), ("fsync_dir", conversations), ("fdatasync", journal)]
         made = max(ops.at("end", "mkdir", top), ops.at("end", "mkdir", leaf))
-        assert made < min(ops.at("start", "fsync_dir", top), ops.at("start", "fsync_dir", conversations))
-        dirs_done = max(ops.at("end", "fsync_dir", top), ops.at("end", "fsync_dir", conversations))
-        assert dirs_done < ops.at("start", "fdatasync", journal)
-        assert ops.at("end", "fdatasync", journal) < ops.at("end", "create", paths.log)
-        assert ops.syncs()[4] == ("fdatasync", journal)
+        assert made < min(ops.at("start", *call) for call in three)
+        assert max(ops.at("end", *call) for call in three) < ops.at("end", "create", paths.log)
         assert sorted(ops.syncs()[5:]) == [("fdatasync", paths.log), ("fsync_dir", leaf)]  # at once
         # The next new conversation in the same leaf: no directory work but its log's entry.
         (other,) = neighbour(cid)
@@ -138,7 +144,8 @@ def test_both_new_levels_are_made_then_synced_at_once_before_the_creation_record
 
 def test_a_failed_level_fsync_fails_the_append_and_proves_nothing(tmp_path):
     """The top level's parent fsync fails while the leaf's succeeds: the append fails (retryable ``Io``)
-    before any record names the conversation, and the retry proves both levels again."""
+    before the log exists (its creation record, synced at once, lists nothing), and the retry proves both
+    levels again."""
     data = str(tmp_path / "data")
     ops = RecordingOps()
     with Store(data, file_ops=ops) as store:

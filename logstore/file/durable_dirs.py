@@ -9,10 +9,9 @@ trusted any fan-out directory that existed (a hole: a process killed between its
 parent's fsync, then a power loss after another process acknowledged a log in that directory, lost the
 log), and ``makedirs_durable`` paid one extra fsync on every call, proven or not.
 
-Rule: before a log is created in a directory (and so before the manifest's creation record of it, which
-fsck and the reconciliation then expect to find a directory for), the directory is in ``DurableDirs``:
-this process made its entry durable, and its parent's, up to a level proven before (fsynced each one's
-parent after making it or finding it: ``ensure_log_dir``, which adds what it proves). A log created by
+Rule: before a log is created in a directory, the directory is in ``DurableDirs``: this process made its
+entry durable, and its parent's, up to a level proven before (fsynced each one's parent after making it
+or finding it: ``log_dir_alongside``, which adds what it proves). A log created by
 another process that died before its first commit gets the same proof at its first commit here
 (``log_entry``), and so does one whose creator died after writing frames but before their entry's
 fsync, when a recovery here takes them in (``log_entry``; until issue 35 that recovery vouched for them
@@ -20,8 +19,9 @@ without it, and an append acknowledged on top, at a non-zero offset and so with 
 lost with the log's entry at a power loss). Then:
 - a new conversation in a directory already proven costs no directory work but its own entry's fsync;
 - in a new fan-out directory: its ``mkdir`` (and its parent's, if new), then the fsyncs of their parents
-  at once (issue 35 P14: a crash between them leaves only empty directories, which no record names yet;
-  all are done before the creation record);
+  at once with the manifest's creation record (issue 35 P14, ``log_dir_alongside``): all are done before
+  the log is created; a power loss between them leaves empty directories, or a record whose directories
+  are gone, which every reader treats as a record whose log was never created (test_new_fanout_dirs);
 - in a directory that exists but was never proven here: one fsync of its parent, and of its parent's
   parent when that was not proven either, at once, once per process. The fan-out levels are proven
   again whoever made them: made at once, a level may exist with a child while its own entry is not
@@ -38,8 +38,8 @@ there.
 A first commit runs its log's entry fsync on a helper thread while it fdatasyncs the frames
 (``log_entry_alongside``, issue 35 P14): the two are not ordered against each other, both are done before
 the acknowledgement, and so a new conversation's first append waits for two syncs in a row (the
-manifest's creation record, then these two at once), not three; in a new fan-out directory, three (the
-directories' fsyncs at once, then the same two).
+manifest's creation record, with a new fan-out directory's fsyncs at once, then these two at once), not
+four.
 """
 
 from __future__ import annotations
@@ -159,16 +159,33 @@ class DurableDirs:
                 self.forget()
                 raise
 
-    def ensure_log_dir(self, path: str) -> None:
-        """``ensure`` of a log's directory (absolute, ``<conversations>/<h1>/<h2>``), its fan-out levels at
-        once: the missing ones made, then their parents fsynced together (``_levels``). Raises ``OSError``
-        (ENOENT: a parent went meanwhile)."""
+    def make_log_dir(self, path: str) -> None:
+        """Make the log directory ``path`` (absolute, ``<conversations>/<h1>/<h2>``) exist: its missing
+        fan-out levels with ``mkdir``, nothing synced (``log_dir_alongside`` proves them), the levels
+        above level by level (``makedirs_durable``). Raises ``OSError`` (ENOENT: a parent went meanwhile)."""
         if path in self._proven:
             return
         try:
-            levels, parents = self._levels(path, make=True)
-            _at_once([partial(self._ops.fsync_dir, parent) for parent in parents])
+            self._levels(path, make=True)
         except FileNotFoundError:  # a parent proven here went since (a purge): prove again next time
+            self.forget()
+            raise
+
+    def log_dir_alongside(self, path: str, record: Callable[[], None]) -> None:
+        """``record()`` (the manifest's creation record of a log about to be created in ``path``, synced)
+        and, unless proven, the fsyncs that prove ``path``'s fan-out levels (``_levels``), at once: the
+        record on this thread, the fsyncs on helpers. All are done before the log is created; a crash
+        between them leaves a durable record whose directories are gone after a power loss, which every
+        reader of the manifest treats as a record whose log was never created (test_new_fanout_dirs), or
+        durable empty directories. Raises ``record``'s error first, else ``OSError`` (ENOENT: a directory
+        went meanwhile: forgotten); proves nothing unless all succeed."""
+        if path in self._proven:
+            record()
+            return
+        levels, parents = self._levels(path, make=False)
+        try:
+            _at_once([record, *[partial(self._ops.fsync_dir, parent) for parent in parents]])
+        except FileNotFoundError:  # a purge removed what was proven here: prove again next time
             self.forget()
             raise
         self._proven.update(levels)
