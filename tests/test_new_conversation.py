@@ -172,7 +172,7 @@ def test_regression_directory_left_by_a_dead_process_is_proven_before_a_log_goes
     """A process died between its ``mkdir`` of a fan-out directory and the fsync of its parent. A writer
     found the directory and trusted it: its log was acknowledged (the log's own entry fsynced), and a
     power loss took the directory, and the acknowledged log with it. ``levels=2``: both fan-out levels
-    were made (at once: ``DurableDirs.ensure_log_dir``) and neither parent fsynced; the writer proved the
+    were made (at once: ``DurableDirs.make_log_dir``) and neither parent fsynced; the writer proved the
     leaf only ("it has a child" taken to prove the parent's entry), and the power loss took the parent."""
     root = str(tmp_path)
     data = os.path.join(root, "data")
