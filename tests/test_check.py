@@ -320,6 +320,16 @@ def log_deleted(w: World) -> Expect:
     return Expect("missing-log", w.rel(w.paths(C2).log), None, (0, 8), exit_repair=4, exit_second=0)
 
 
+def fanout_directory_deleted(w: World) -> Expect:
+    """The log's whole fan-out directory is gone (its lock file with it): the repair's rebuild takes the
+    conversation's lock to read it again, and raised ``Io`` (ENOENT) instead of reporting the loss."""
+    os.unlink(w.paths(C2).log)
+    os.unlink(w.paths(C2).index)
+    os.unlink(w.paths(C2).lock)
+    os.rmdir(w.paths(C2).directory)
+    return Expect("missing-log", w.rel(w.paths(C2).log), None, (0, 8), exit_repair=4, exit_second=0)
+
+
 CASES: list[Callable[[World], Expect]] = [
     torn_garbage,
     torn_partial_frame,
@@ -351,6 +361,7 @@ CASES: list[Callable[[World], Expect]] = [
     misplaced_log,
     misplaced_index,
     log_deleted,
+    fanout_directory_deleted,
 ]
 
 

@@ -127,7 +127,8 @@ def test_new_conversation_in_a_proven_directory_costs_three_syncs_and_two_record
 
 def test_a_directory_found_existing_is_proven_once_per_process(tmp_path):
     """A fan-out directory this process did not make may have been made by one that died before fsyncing
-    its parent: the first log created in it here fsyncs that parent first, the next ones do not."""
+    its parent, and its parent likewise (the two are made at once): the first log created in it here
+    fsyncs the parents of both and of the site's ``conversations`` first, at once; the next ones do not."""
     data = str(tmp_path / "data")
     first = "first-conversation"
     with Store(data) as store:
@@ -141,8 +142,15 @@ def test_a_directory_found_existing_is_proven_once_per_process(tmp_path):
         ops.reset()
         store.append(SITE, a, ITEMS)
         paths = conversation_paths(data, SITE, a)
-        assert ("fsync_dir", "fan-out parent") in kinds(ops.syncs, paths)
-        assert len(ops.syncs) == 4
+        synced = kinds(ops.syncs, paths)
+        site_dir = layout.site_dir(data, SITE)
+        assert set(synced[:4]) == {  # at once, before the log is created
+            ("fdatasync", "journal"),  # the creation record
+            ("fsync_dir", site_dir),  # proves ``conversations`` (found existing: level by level above)
+            ("fsync_dir", conversations),  # proves the fan-out parent
+            ("fsync_dir", "fan-out parent"),  # proves the fan-out directory
+        }
+        assert sorted(synced[4:]) == [("fdatasync", "log"), ("fsync_dir", "fan-out dir")]
         ops.reset()
         store.append(SITE, b, ITEMS)
         assert len(ops.syncs) == 3
@@ -159,10 +167,13 @@ def _crash_and_read(fs: FaultFS, cid: str) -> list:
         shutil.rmtree(crashed, ignore_errors=True)
 
 
-def test_regression_directory_left_by_a_dead_process_is_proven_before_a_log_goes_in(tmp_path):
+@pytest.mark.parametrize("levels", [1, 2])
+def test_regression_directory_left_by_a_dead_process_is_proven_before_a_log_goes_in(tmp_path, levels):
     """A process died between its ``mkdir`` of a fan-out directory and the fsync of its parent. A writer
     found the directory and trusted it: its log was acknowledged (the log's own entry fsynced), and a
-    power loss took the directory, and the acknowledged log with it."""
+    power loss took the directory, and the acknowledged log with it. ``levels=2``: both fan-out levels
+    were made (at once: ``DurableDirs.make_log_dir``) and neither parent fsynced; the writer proved the
+    leaf only ("it has a child" taken to prove the parent's entry), and the power loss took the parent."""
     root = str(tmp_path)
     data = os.path.join(root, "data")
     cid = "conv-in-dead-dir"
@@ -170,8 +181,10 @@ def test_regression_directory_left_by_a_dead_process_is_proven_before_a_log_goes
     fs = FaultFS(root)
     with Store(data, file_ops=fs) as store:
         store.list_conversations(SITE)  # the site and its manifest exist, durably
-        fs.makedirs_durable(os.path.dirname(paths.directory))
-        fs.mkdir(paths.directory)  # ... and the process died here: no fsync of the parent
+        dead = [paths.directory, os.path.dirname(paths.directory)][:levels]
+        fs.makedirs_durable(os.path.dirname(dead[-1]))
+        for directory in reversed(dead):
+            fs.mkdir(directory)  # ... and the process died here: no fsync of the parent
     with Store(data, file_ops=fs) as store:  # another process
         store.append(SITE, cid, ITEMS)
         assert _crash_and_read(fs, cid) == ITEMS

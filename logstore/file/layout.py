@@ -56,6 +56,7 @@ __all__ = [
     "ConversationPaths",
     "Leaf",
     "FANOUT_NAMES",
+    "FANOUT_LEVELS",
     "fanout",
     "sites_dir",
     "site_dir",
@@ -112,6 +113,7 @@ class ConversationPaths:
 
 _HEX = tuple(f"{i:02x}" for i in range(256))  # byte -> its fan-out directory name
 FANOUT_NAMES = frozenset(_HEX)
+FANOUT_LEVELS = 2  # a log's directory is <conversations>/<h1>/<h2>: two levels (``fanout``)
 _blake2b = hashlib.blake2b
 
 

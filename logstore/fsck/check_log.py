@@ -21,6 +21,7 @@ How a conversation is checked (docs/FSCK.md):
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from collections.abc import Callable
@@ -339,6 +340,11 @@ def current_entry(ctx: CheckContext, paths: ConversationPaths, known: Entry | No
     except Timeout:
         lock.close()
         return known
+    except Io as exc:
+        lock.close()
+        if exc.errno == errno.ENOENT:  # its directory is gone: no log (a lost one is ``missing-log``)
+            return None
+        raise
     try:
         try:
             fd = ops.open(paths.log, os.O_RDONLY)

@@ -47,6 +47,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 
 from ...core import observe
 from ...core.errors import Corrupted, Io, Timeout, Unavailable
@@ -70,6 +71,10 @@ __all__ = ["ConversationLog", "AppendRequest"]
 log = logging.getLogger("logstore")
 _DIRECTORY_TRIES = 8  # creating the directory and locking in it, while a purge may remove it
 _SAME, _SETTLE = Record.SAME, Action.SETTLE  # globals: an Enum member off its class costs more (freshness)
+
+
+def _nothing() -> None:
+    pass
 
 
 def _now_us() -> int:
@@ -296,7 +301,7 @@ class ConversationLog:
             last = attempt == _DIRECTORY_TRIES
             if not self._directory_ready:  # the file lock lives there
                 try:
-                    self._dirs.ensure(self.paths.directory)
+                    self._dirs.make_log_dir(self.paths.directory)
                 except OSError as exc:
                     if exc.errno == errno.ENOENT and not last:
                         continue
@@ -318,12 +323,12 @@ class ConversationLog:
         files = self._files
         self._refresh_locked_io()
         if not files.has_log:
-            try:  # the directory's own entry before anything names the log (``durable_dirs``)
-                self._dirs.ensure(self.paths.directory)
+            on_create = self._on_create
+            record = _nothing if on_create is None else partial(on_create, self.conversation_id)
+            try:  # durable manifest record first (manifest ⊇ logs), the directory's entries at once
+                self._dirs.log_dir_alongside(self.paths.directory, record)
             except OSError as exc:
                 raise files.io_error("mkdir", exc) from exc
-            if self._on_create is not None:
-                self._on_create(self.conversation_id)  # durable manifest record first: manifest ⊇ logs
             files.create()
         corrupt = files.state.corrupt
         if corrupt is not None:
