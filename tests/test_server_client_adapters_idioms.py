@@ -16,7 +16,6 @@ from logstore.client import AsyncClient, Client
 from logstore.client.adapters.markers import CLEAR, POP, MarkerLog, fold, new_session_id
 from logstore.core.models import MemoryItem
 from tests.client_support import PASSWORD, SITE, CountingReads, running
-from tests.helpers import examples
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +114,7 @@ class _FakeLog:
         return self.items[offset : offset + limit]
 
 
-@settings(max_examples=examples(100, 300), deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(
     st.lists(st.sampled_from(["d", "d", "d", "pop", "clear"]), max_size=2500),
     st.integers(min_value=0, max_value=1200),
