@@ -10,10 +10,16 @@ from typing import Any
 
 from logstore.file.log.frame import Frame, FrameDecoder
 
-__all__ = ["LONG", "log_frames", "frames_in", "initialize_body", "wait_until"]
+__all__ = ["LONG", "examples", "log_frames", "frames_in", "initialize_body", "wait_until"]
 
 # LOGSTORE_LONG=1 enables the long torture/soak modes (marker ``slow``).
 LONG = os.environ.get("LOGSTORE_LONG") == "1"
+
+
+def examples(default: int, long: int) -> int:
+    """A property test's example count: ``default`` in the default run (its ~10-minute budget), ``long``
+    with LOGSTORE_LONG=1 (the count it had before the budget)."""
+    return long if LONG else default
 
 
 def log_frames(path: str | os.PathLike[str]) -> list[Frame]:

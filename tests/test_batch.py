@@ -36,6 +36,7 @@ from logstore.core.batch import (
 )
 from logstore.core.ids import is_valid_site, validate_conversation_id, validate_site
 from logstore.core.limits import MAX_CONVERSATION_ITEMS, MAX_INT_DIGITS, MAX_PAYLOAD_DEPTH
+from tests.helpers import examples
 
 
 def test_item_size_is_compact_json_bytes():
@@ -375,7 +376,7 @@ _json = st.recursive(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(100, 300), deadline=None)
 @given(
     inner=_json,
     extra=st.integers(min_value=0, max_value=140),

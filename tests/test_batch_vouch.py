@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from logstore import InvalidArgument, PayloadTooLarge
 from logstore.core.batch import _check, _vouch, encode_item, prepare_batch
 from logstore.core.limits import MAX_INT_DIGITS, MAX_ITEM_BYTES, MAX_PAYLOAD_DEPTH
+from tests.helpers import examples
 from tests.test_batch import nested_dict, nested_list
 
 
@@ -120,7 +121,7 @@ def verdict_of_encode_item(item: dict[Any, Any]) -> bytes | str:
         return exc.path
 
 
-@settings(max_examples=600, deadline=None)
+@settings(max_examples=examples(200, 600), deadline=None)
 @given(item=st.dictionaries(_keys, _scalars | _values, max_size=5), wraps=st.integers(0, 3))
 def test_vouch_never_changes_the_walks_verdict(item, wraps):
     value: Any = item
@@ -197,7 +198,7 @@ _items = st.dictionaries(_keys, _scalars | _values, max_size=4) | st.sampled_fro
 )
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(150, 400), deadline=None)
 @given(items=st.lists(_items, min_size=1, max_size=6), wraps=st.integers(0, 2))
 def test_the_batch_at_once_never_changes_the_walks_verdict(items, wraps):
     """``prepare_batch`` vouches for a run of items at once (``_vouch`` level by level over all of them):

@@ -18,7 +18,9 @@ such as ``Corrupted``); retrying the same batch once the fault clears must succe
 acknowledged batch is at its acknowledged seq range, byte-identical, seqs are gapless, a batch appears
 twice only if an append of it failed, and the listing is right: in the same process, after a clean
 reopen, and after a simulated power loss on top of the faults (a failed fsync loses its writes the
-Linux way, so the engine's cleanup after a failure is checked against a disk that really dropped them).
+Linux way, so the engine's cleanup after a failure is checked against a disk that really dropped them):
+every unsynced change lost after every run, and a random mix after every other run (LOGSTORE_LONG=1:
+five random mixes after every run).
 """
 
 from __future__ import annotations
@@ -55,7 +57,17 @@ from tests.torture_workload import (
     verify_store,
 )
 
-POWER_LOSS_IMAGES = 6 if LONG else 2  # crash images after each faulty run: all unsynced lost, then random
+# Crash images after each faulty run: all unsynced lost, then random mixes. The default takes its one
+# random image after every other run (odd seeds), the "all lost" image after every run; LOGSTORE_LONG=1:
+# 5 random images after every run.
+POWER_LOSS_IMAGES = 6 if LONG else 2
+
+
+def power_loss_modes(seed: int) -> list[str]:
+    randoms = POWER_LOSS_IMAGES - 1 if LONG or seed % 2 else 0
+    return ["drop"] + ["random"] * randoms
+
+
 MODES = ["one-shot", "sticky", "enospc"] + (["enospc-sticky"] if LONG else [])
 # The FaultFS calls that change nothing on disk. A dead disk starts at every other call, and at every
 # STICKY_READ_EVERY-th of these.
@@ -195,8 +207,8 @@ def one_run(template, plan, clear_after: int, seed: int) -> tuple[int, int, int]
             verified += verify_store(
                 store, oracle.snapshot(), conversations=convs, known=oracle.batches
             ).batches_verified
-        for i in range(POWER_LOSS_IMAGES):
-            image = fs.crash_image(rng, "drop" if i == 0 else "random")
+        for mode in power_loss_modes(seed):
+            image = fs.crash_image(rng, mode)
             crashed = scratch_dir("io-crash-")
             try:
                 materialize(image, crashed)

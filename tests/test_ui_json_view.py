@@ -20,6 +20,7 @@ from logstore import Store
 from logstore.file.fileio import NoSyncOps
 from server.ui.app import Pages
 from server.ui.render import CUT_CHARS, payload_html
+from tests.helpers import examples
 from tests.ui_support import HOSTILE, TRICKY
 
 # --- the oracle: render.py's JSON view as it was before the rewrite (main, 2026-12-06) ---------------
@@ -119,7 +120,7 @@ _ODD = [  # what a backend should never return: shown as the oracle showed it
 ]
 
 
-@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(200, 600), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_json)
 def test_the_json_view_is_the_one_before_it_byte_for_byte(payload):
     assert str(payload_html(payload)) == _oracle(payload)
@@ -137,7 +138,7 @@ _FOLDS = re.compile(r'<summary>show all \([\d,]+ characters\)</summary>|<span cl
 
 
 @given(_json)
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(100, 300), deadline=None)
 def test_unfolded_the_json_view_is_the_payload(payload):
     """Every fold open, the text a reader sees is JSON that decodes to the payload (an invisible character
     shows as its \\uXXXX escape, which decodes to it)."""

@@ -16,6 +16,7 @@ from logstore import (
     SeqRange,
 )
 from logstore.core.limits import MAX_BATCH_ITEMS, MAX_ITEM_BYTES
+from tests.helpers import examples
 
 from .strategies import json_batches
 from .support import CID, SITE, item_of_size, rejected
@@ -114,7 +115,9 @@ def test_payloads_come_back_verbatim(store):
     assert type(got[0]["a"]["y"][3]) is bool
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=examples(20, 40), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(batch=json_batches)
 def test_arbitrary_json_objects_round_trip_verbatim(store, batch):
     first = store.append(SITE, "roundtrip-01", batch).first

@@ -22,6 +22,7 @@ from logstore import LogstoreError
 from logstore.core.errors import InvalidArgument, InvalidConversationId, ItemNotAnObject
 from logstore.core.limits import MAX_BATCH_ITEMS, MAX_INT_DIGITS, MAX_ITEM_BYTES, MAX_PAYLOAD_DEPTH
 from logstore.file import layout
+from tests.helpers import examples
 
 from .strategies import json_batches
 from .support import SITE
@@ -166,7 +167,7 @@ def test_an_item_that_is_not_an_object_is_refused_before_the_id(store):
         store.append_json(SITE, "bad id!", [b"{}", nested(MAX_PAYLOAD_DEPTH + 1).encode()])
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(20, 40), deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     batch=json_batches,
     style=st.sampled_from(

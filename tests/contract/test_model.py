@@ -18,6 +18,7 @@ from hypothesis.stateful import (
 
 from logstore import LogstoreError
 from logstore.core.limits import MAX_BATCH_ITEMS, MAX_ITEM_BYTES
+from tests.helpers import examples
 
 from .strategies import small_objects
 from .support import all_pages, expected_order, item_of_size
@@ -117,5 +118,5 @@ class StoreModel(RuleBasedStateMachine):
 def test_store_agrees_with_the_model(backend):
     run_state_machine_as_test(
         lambda: StoreModel(backend),
-        settings=settings(max_examples=60, stateful_step_count=25, deadline=None),
+        settings=settings(max_examples=examples(30, 60), stateful_step_count=25, deadline=None),
     )
