@@ -25,7 +25,9 @@ from logstore import (
     PayloadTooLarge,
     Unreadable,
 )
+from logstore.core import batch as batch_module
 from logstore.core.batch import (
+    _BOUNDED_COUNT,
     PreparedBatch,
     _shallow,
     conversation_full,
@@ -35,7 +37,7 @@ from logstore.core.batch import (
     stored_not_json,
 )
 from logstore.core.ids import is_valid_site, validate_conversation_id, validate_site
-from logstore.core.limits import MAX_CONVERSATION_ITEMS, MAX_INT_DIGITS, MAX_PAYLOAD_DEPTH
+from logstore.core.limits import MAX_BATCH_BYTES, MAX_CONVERSATION_ITEMS, MAX_INT_DIGITS, MAX_PAYLOAD_DEPTH
 from tests.helpers import examples
 
 
@@ -56,6 +58,51 @@ def test_limits():
         prepare_batch([{}] * 251)
     with pytest.raises(InvalidArgument):
         prepare_batch([{"s": object()}])
+
+
+def test_batch_size_summed_whenever_it_could_pass_the_limit():
+    """The batch's total is summed only when it could pass MAX_BATCH_BYTES (``_encode_items``): items of at
+    most MAX_INT_DIGITS bytes, at most ``_BOUNDED_COUNT`` of them, cannot. Each side of that bound, and
+    the ways round it (a longer item, a run stopped early), are held to the exact sum."""
+    small = {"p": "x" * (MAX_INT_DIGITS - 8)}  # exactly MAX_INT_DIGITS bytes
+    assert len(encode_item(small, 0)) == MAX_INT_DIGITS
+    assert _BOUNDED_COUNT * MAX_INT_DIGITS <= MAX_BATCH_BYTES < (_BOUNDED_COUNT + 1) * MAX_INT_DIGITS
+    assert prepare_batch([small] * _BOUNDED_COUNT).count == _BOUNDED_COUNT
+    over = MAX_BATCH_BYTES // MAX_INT_DIGITS + 1  # the fewest such items past the limit
+    with pytest.raises(BatchTooLarge) as info:
+        prepare_batch([small] * over)
+    assert info.value.details()["size"] == over * MAX_INT_DIGITS
+    one_more = {"p": "x" * (MAX_INT_DIGITS - 7)}  # one byte longer: integers are checked, the sum taken
+    with pytest.raises(BatchTooLarge):
+        prepare_batch([one_more] * (over - 1) + [small])
+    largest = {"p": "x" * (256 * 1024 - 8)}
+    with pytest.raises(BatchTooLarge):  # the run stops at the subclass: the rest is taken one by one
+        prepare_batch([small] * 3 + [_Dict(largest)] * 4)
+    with pytest.raises(BatchTooLarge):  # a dict subclass in the run: the long ones are still counted
+        prepare_batch([small, _Dict(small)] + [largest] * 4)
+
+
+def test_batch_size_summed_past_a_run_msgspec_stopped(monkeypatch: pytest.MonkeyPatch):
+    """A run stopped by an item msgspec refused once (its recursion limit, on a deep stack): the items
+    after it are taken one by one, never seen by the run's size bound, and still counted."""
+    small, largest = {"p": "x" * 10}, {"p": "x" * (256 * 1024 - 8)}
+    stopper = {"p": "stop"}
+    encode, refused = batch_module._encode, []
+
+    def encode_refusing_once(item: object) -> bytes:
+        if item is stopper and not refused:
+            refused.append(item)
+            raise RecursionError
+        return encode(item)
+
+    monkeypatch.setattr(batch_module, "_encode", encode_refusing_once)
+    with pytest.raises(BatchTooLarge):
+        prepare_batch([small, stopper] + [largest] * 4)
+    assert refused == [stopper]
+
+
+class _Dict(dict):  # type: ignore[type-arg]
+    """A dict subclass: stored as the object it is, but never vouched for in the batch's run."""
 
 
 def test_ids():

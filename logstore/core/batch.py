@@ -85,6 +85,7 @@ _decode = msgspec.json.Decoder().decode
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _INT_BOUND = 10**MAX_INT_DIGITS  # exclusive: at most MAX_INT_DIGITS digits
 _NEG_INT_BOUND = -_INT_BOUND
+_BOUNDED_COUNT = MAX_BATCH_BYTES // MAX_INT_DIGITS  # items of <= MAX_INT_DIGITS bytes: within the batch limit
 _NUMBERS = (float, int)
 _KEY_SHOWN = 32  # longest key quoted in a path; longer ones are cut (a key may be 256 KiB)
 _PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -278,7 +279,9 @@ def _encode_items(items: Sequence[Any], start: int = 0) -> list[bytes]:
     reaches it, and an encoding shorter than ``MAX_INT_DIGITS`` bytes cannot hold a too-long integer.
     The run of items msgspec takes (up to a refused or too-large one) is vouched for in one ``_vouch``
     call (PERFORMANCE.md); if not, one by one, ``_walk`` naming the first refusal's path as the checks'
-    order per item requires; ``_one_by_one`` goes on from the item that stopped the run."""
+    order per item requires; ``_one_by_one`` goes on from the item that stopped the run. Then the batch's
+    total against ``MAX_BATCH_BYTES``, summed only when it could pass it: a run of every item, each at
+    most ``MAX_INT_DIGITS`` bytes, at most ``_BOUNDED_COUNT`` of them, cannot."""
     encoded = []
     ints = False  # some encoding long enough to hold a too-long integer: integers are checked
     for item in items:
@@ -298,6 +301,10 @@ def _encode_items(items: Sequence[Any], start: int = 0) -> list[bytes]:
                 encoded[index] = _verdict(item, start + index)  # raises, or the same bytes (a tuple...)
     if done < count:
         encoded += _one_by_one(items[done:], start + done)
+    if ints or done < count or count > _BOUNDED_COUNT:
+        total = sum(map(len, encoded))
+        if total > MAX_BATCH_BYTES:
+            check_batch_size(total)
     return encoded
 
 
@@ -412,11 +419,7 @@ def prepare_batch(items: Sequence[Any]) -> PreparedBatch:
     if not 0 < count <= MAX_BATCH_ITEMS:  # (the calls only to raise, as below)
         check_batch_count(count)
     # In order: the first broken rule or limit stops the batch.
-    encoded = tuple(_encode_items(items if type(items) is list else list(items)))
-    total = sum(map(len, encoded))
-    if total > MAX_BATCH_BYTES:
-        check_batch_size(total)
-    return PreparedBatch(encoded)
+    return PreparedBatch(tuple(_encode_items(items if type(items) is list else list(items))))
 
 
 # The batch limits, one home for every way in: appends here, imports (``core.imported``) too.

@@ -52,6 +52,7 @@ from .table import ManifestTable
 
 __all__ = ["SiteManifest", "COMPACT_THRESHOLD", "COMPACT_RATIO"]
 
+_new_entry = tuple.__new__
 log = logging.getLogger("logstore")
 # A compaction is due past max(COMPACT_THRESHOLD, snapshot bytes / COMPACT_RATIO) of journal: the first
 # keeps small sites from compacting often, the second bounds the journal a load replays and the overlay
@@ -227,7 +228,8 @@ class SiteManifest(SweepSide):
         """Note a durable append (called under the conversation lock, after the log's fdatasync), from
         the conversation's state after it (a log with items: both times set)."""
         assert state.created_at is not None and state.last_at is not None
-        entry = Entry(state.created_at, state.last_at, state.end, state.next_seq)
+        # tuple.__new__, not Entry(...): the NamedTuple's own __new__ is a Python call (PERFORMANCE.md)
+        entry = _new_entry(Entry, (state.created_at, state.last_at, state.end, state.next_seq))
         with self._lock:
             try:
                 if not self._loaded:  # (``ensure_loaded``'s own check, without taking the lock again)
