@@ -30,14 +30,19 @@ from logstore.core.batch import (
     _BOUNDED_COUNT,
     PreparedBatch,
     _shallow,
-    conversation_full,
     decode_item,
     encode_item,
     prepare_batch,
     stored_not_json,
 )
 from logstore.core.ids import is_valid_site, validate_conversation_id, validate_site
-from logstore.core.limits import MAX_BATCH_BYTES, MAX_CONVERSATION_ITEMS, MAX_INT_DIGITS, MAX_PAYLOAD_DEPTH
+from logstore.core.limits import (
+    MAX_BATCH_BYTES,
+    MAX_CONVERSATION_ITEMS,
+    MAX_INT_DIGITS,
+    MAX_PAYLOAD_DEPTH,
+    conversation_full,
+)
 from tests.helpers import examples
 
 

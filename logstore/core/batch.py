@@ -36,22 +36,16 @@ from typing import Any, NoReturn
 
 import msgspec
 
-from .errors import (
-    BatchTooLarge,
-    ConversationFull,
-    Corrupted,
-    EmptyBatch,
-    InvalidArgument,
-    PayloadTooLarge,
-    Unreadable,
-)
+from .errors import Corrupted, InvalidArgument, Unreadable
 from .limits import (
     MAX_BATCH_BYTES,
     MAX_BATCH_ITEMS,
-    MAX_CONVERSATION_ITEMS,
     MAX_INT_DIGITS,
     MAX_ITEM_BYTES,
     MAX_PAYLOAD_DEPTH,
+    check_batch_count,
+    check_batch_size,
+    check_item_size,
 )
 
 __all__ = [
@@ -60,10 +54,6 @@ __all__ = [
     "encode_item",
     "decode_item",
     "stored_not_json",
-    "check_batch_count",
-    "check_item_size",
-    "check_batch_size",
-    "conversation_full",
 ]
 
 _encode = msgspec.json.Encoder().encode
@@ -420,44 +410,3 @@ def prepare_batch(items: Sequence[Any]) -> PreparedBatch:
         check_batch_count(count)
     # In order: the first broken rule or limit stops the batch.
     return PreparedBatch(tuple(_encode_items(items if type(items) is list else list(items))))
-
-
-# The batch limits, one home for every way in: appends here, imports (``core.imported``) too.
-def check_batch_count(count: int) -> None:
-    if not count:
-        raise EmptyBatch("a batch must contain at least one item")
-    if count > MAX_BATCH_ITEMS:
-        raise InvalidArgument(f"a batch holds at most {MAX_BATCH_ITEMS} items, got {count}", field="items")
-
-
-def check_item_size(index: int, size: int) -> None:
-    if size > MAX_ITEM_BYTES:
-        raise PayloadTooLarge(
-            f"items[{index}] is {size} bytes as compact JSON; the limit is {MAX_ITEM_BYTES}",
-            index=index,
-            size=size,
-            limit=MAX_ITEM_BYTES,
-        )
-
-
-def check_batch_size(total: int) -> None:
-    if total > MAX_BATCH_BYTES:
-        raise BatchTooLarge(
-            f"the batch is {total} bytes as compact JSON; the limit is {MAX_BATCH_BYTES}",
-            size=total,
-            limit=MAX_BATCH_BYTES,
-        )
-
-
-def conversation_full(*, stored: int, requested: int, importing: bool = False) -> ConversationFull:
-    """The refusal of ``requested`` more items (imported ones if ``importing``) in a conversation holding
-    ``stored``, past ``MAX_CONVERSATION_ITEMS``: every backend's, so that all of them say it alike. (Not
-    a classmethod of ``ConversationFull``: errors.py imports nothing, being loaded with ``logstore``.)"""
-    verb = "importing" if importing else "appending"
-    return ConversationFull(
-        f"conversation holds {stored} items; {verb} {requested} would pass the limit of "
-        f"{MAX_CONVERSATION_ITEMS}",
-        stored=stored,
-        requested=requested,
-        limit=MAX_CONVERSATION_ITEMS,
-    )

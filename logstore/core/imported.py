@@ -19,9 +19,14 @@ from dataclasses import dataclass
 
 import msgspec
 
-from .batch import check_batch_count, check_batch_size, check_item_size, conversation_full
 from .errors import InvalidArgument
-from .limits import MAX_CONVERSATION_ITEMS
+from .limits import (
+    MAX_CONVERSATION_ITEMS,
+    check_batch_count,
+    check_batch_size,
+    check_item_size,
+    conversation_full,
+)
 from .models import MemoryItem, micros_to_datetime, rfc3339
 
 __all__ = [

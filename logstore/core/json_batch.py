@@ -30,15 +30,9 @@ from typing import Any, TypeAlias
 
 import msgspec
 
-from .batch import (
-    PreparedBatch,
-    _one_by_one,
-    _vouch,
-    check_batch_count,
-    check_batch_size,
-)
+from .batch import PreparedBatch, _one_by_one, _vouch
 from .errors import InvalidArgument, ItemNotAnObject
-from .limits import MAX_INT_DIGITS, MAX_ITEM_BYTES, MAX_PAYLOAD_DEPTH
+from .limits import MAX_INT_DIGITS, MAX_ITEM_BYTES, MAX_PAYLOAD_DEPTH, check_batch_count, check_batch_size
 
 __all__ = ["JsonText", "DecodedBatch", "decode_json_items", "prepare_decoded"]
 

@@ -1,6 +1,10 @@
-"""Capacity limits from the spec, in one place (sizes are bytes of the compact UTF-8 JSON as stored)."""
+"""Capacity limits from the spec, in one place (sizes are bytes of the compact UTF-8 JSON as stored), and
+the refusals of the batch limits, one home for every way in (appends: ``core.batch`` and
+``core.json_batch``; imports: ``core.imported``; every backend's ``ConversationFull``)."""
 
 from __future__ import annotations
+
+from .errors import BatchTooLarge, ConversationFull, EmptyBatch, InvalidArgument, PayloadTooLarge
 
 __all__ = [
     "ID_MIN_LEN",
@@ -14,6 +18,10 @@ __all__ = [
     "DEFAULT_LIST_LIMIT",
     "MAX_PAYLOAD_DEPTH",
     "MAX_INT_DIGITS",
+    "check_batch_count",
+    "check_item_size",
+    "check_batch_size",
+    "conversation_full",
 ]
 
 ID_MIN_LEN = 8
@@ -47,3 +55,43 @@ MAX_PAYLOAD_DEPTH = 128
 # it, so -(10**4299), 4300 digits, would be written but never read back. Checked by the payload walk, not
 # left to the encoder, which also writes whatever a process that raised the limit hands it.
 MAX_INT_DIGITS = 4299
+
+
+def check_batch_count(count: int) -> None:
+    if not count:
+        raise EmptyBatch("a batch must contain at least one item")
+    if count > MAX_BATCH_ITEMS:
+        raise InvalidArgument(f"a batch holds at most {MAX_BATCH_ITEMS} items, got {count}", field="items")
+
+
+def check_item_size(index: int, size: int) -> None:
+    if size > MAX_ITEM_BYTES:
+        raise PayloadTooLarge(
+            f"items[{index}] is {size} bytes as compact JSON; the limit is {MAX_ITEM_BYTES}",
+            index=index,
+            size=size,
+            limit=MAX_ITEM_BYTES,
+        )
+
+
+def check_batch_size(total: int) -> None:
+    if total > MAX_BATCH_BYTES:
+        raise BatchTooLarge(
+            f"the batch is {total} bytes as compact JSON; the limit is {MAX_BATCH_BYTES}",
+            size=total,
+            limit=MAX_BATCH_BYTES,
+        )
+
+
+def conversation_full(*, stored: int, requested: int, importing: bool = False) -> ConversationFull:
+    """The refusal of ``requested`` more items (imported ones if ``importing``) in a conversation holding
+    ``stored``, past ``MAX_CONVERSATION_ITEMS``: every backend's, so that all of them say it alike. (Not
+    a classmethod of ``ConversationFull``: errors.py imports nothing, being loaded with ``logstore``.)"""
+    verb = "importing" if importing else "appending"
+    return ConversationFull(
+        f"conversation holds {stored} items; {verb} {requested} would pass the limit of "
+        f"{MAX_CONVERSATION_ITEMS}",
+        stored=stored,
+        requested=requested,
+        limit=MAX_CONVERSATION_ITEMS,
+    )

@@ -29,12 +29,18 @@ import psycopg
 import psycopg_pool
 
 from ..core.arguments import append_args, append_json_args, import_args, list_args, recall_args, replay_args
-from ..core.batch import PreparedBatch, conversation_full, decode_item, stored_not_json
+from ..core.batch import PreparedBatch, decode_item, stored_not_json
 from ..core.cursor import BEFORE_ALL, CursorCodec, CursorKey
 from ..core.errors import Unavailable
 from ..core.imported import ImportedBatch, import_refusal
 from ..core.json_batch import JsonText
-from ..core.limits import DEFAULT_LIST_LIMIT, DEFAULT_RECALL_COUNT, MAX_CONVERSATION_ITEMS, MAX_READ_COUNT
+from ..core.limits import (
+    DEFAULT_LIST_LIMIT,
+    DEFAULT_RECALL_COUNT,
+    MAX_CONVERSATION_ITEMS,
+    MAX_READ_COUNT,
+    conversation_full,
+)
 from ..core.models import (
     ConversationListing,
     ConversationSummary,

@@ -14,9 +14,8 @@ from __future__ import annotations
 import time
 from typing import NamedTuple
 
-from ...core.batch import conversation_full
 from ...core.imported import import_refusal
-from ...core.limits import MAX_CONVERSATION_ITEMS
+from ...core.limits import MAX_CONVERSATION_ITEMS, conversation_full
 from ..durable_dirs import DurableDirs
 from ..fileio import FileOps
 from .frame import encode_frame
