@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-fast typecheck serve bench bench-quick lint clean
+.PHONY: test test-fast screenshots typecheck serve bench bench-quick lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,10 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(PY) -m ruff check logstore server tools bench tests
 	$(PY) -m pytest -q -m "not torture and not server and not slow"
+
+## make screenshots: redraw docs/ui/*.png (docs/UI.md) with the browser test; a plain test run leaves them
+screenshots: $(STAMP)
+	LOGSTORE_SCREENSHOTS=1 $(PY) -m pytest -q tests/test_server_ui_browser.py -k screenshots
 
 ## make typecheck: mypy (strict on logstore/core and server/; settings in pyproject.toml)
 typecheck: $(STAMP)

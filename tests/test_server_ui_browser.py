@@ -303,15 +303,16 @@ def _strings(value: Any) -> Iterator[str]:
             yield from _strings(v)
 
 
-def test_screenshots_for_the_docs(site, page_as):
-    """docs/ui/*.png, which docs/UI.md shows: redrawn by every file-engine run from the demo site (fixed
-    contents and times, the page clock fixed), so they stay current and change only when the pages do."""
+def test_screenshots_for_the_docs(site, page_as, tmp_path):
+    """docs/ui/*.png, which docs/UI.md shows: drawn from the demo site (fixed contents and times, the page
+    clock fixed) by every file-engine run, into docs/ui with ``make screenshots`` (else a scratch
+    directory: the pages are still driven and checked)."""
     server, _, backend = site
     if backend != "file":
         pytest.skip("the screenshots are taken on the file engine")
     from tests.ui_support import DEMO, DEMO_AGENT, DEMO_CHAT, DEMO_LONG, DEMO_NOW, screenshot_dir
 
-    out = screenshot_dir()
+    out = screenshot_dir(tmp_path)
     out.mkdir(exist_ok=True)
     page = page_as(DEMO)
     page.clock.set_fixed_time(DEMO_NOW)

@@ -241,5 +241,10 @@ def build_demo(store: Any, registry: Any) -> None:
     put(DEMO_AGENT, _demo_agent(), DEMO_START + 2950 * _MINUTE, _MINUTE // 3)
 
 
-def screenshot_dir() -> Path:
-    return Path(__file__).resolve().parent.parent / "docs" / "ui"
+def screenshot_dir(scratch: Path) -> Path:
+    """Where the browser test writes its screenshots: docs/ui with LOGSTORE_SCREENSHOTS=1 (``make
+    screenshots``), else ``scratch``: a test run never rewrites tracked files (a redraw is not always the
+    same bytes: the dark transcript's PNG differed between runs of one tree)."""
+    if os.environ.get("LOGSTORE_SCREENSHOTS") == "1":
+        return Path(__file__).resolve().parent.parent / "docs" / "ui"
+    return scratch
