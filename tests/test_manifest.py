@@ -6,6 +6,7 @@ codec's own tests are in test_manifest_codec.py.)"""
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import signal
@@ -110,6 +111,33 @@ def test_a_compaction_is_due_past_a_threshold_that_grows_with_the_snapshot_and_n
         assert manifest._compact_if_due()
         assert journal_size() == 0 and not manifest._compact_if_due()
         assert len([n for n in os.listdir(mdir) if n.startswith("snapshot.")]) == 1
+
+
+def test_a_commit_record_whose_journal_write_fails_is_remembered_and_one_past_the_threshold_compacts(
+    data_dir, monkeypatch, caplog
+):
+    """The commit path's own write (``_append_logged``, the journal's ``write`` called directly): a failed
+    write is logged and its entry lands in ``_unwritten`` (the append is acknowledged, the listing has
+    it); a journal past the threshold asks the compactor."""
+    with Store(data_dir) as store:
+        store.append(SITE, "conv-fails-1", [{"n": 0}])
+        manifest = store._manifest(SITE)
+        asked: list[int] = []
+        monkeypatch.setattr(manifest._compactor, "schedule", lambda: asked.append(1))
+        monkeypatch.setattr(manifest_mod, "COMPACT_THRESHOLD", 0)
+        store.append(SITE, "conv-fails-1", [{"n": 1}])
+        assert asked and not manifest._unwritten
+
+        def refuse(reader, data):
+            raise OSError(errno.ENOSPC, "no space (injected)")
+
+        monkeypatch.setattr(manifest._journal, "write", refuse)
+        asked.clear()
+        with caplog.at_level(logging.WARNING):
+            assert store.append(SITE, "conv-fails-1", [{"n": 2}]).last == 2
+        assert manifest._unwritten["conv-fails-1"].next_seq == 3 and not asked
+        assert "manifest write failed" in caplog.text
+        assert [s.conversation_id for s in store.list_conversations(SITE).conversations] == ["conv-fails-1"]
 
 
 def test_compaction_folds_journal_into_snapshot(data_dir, monkeypatch):

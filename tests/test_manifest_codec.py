@@ -9,6 +9,8 @@ import struct
 
 import pytest
 from crc32c import crc32c
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from logstore.file.manifest.codec import (
     MARK_CLOSE,
@@ -20,6 +22,7 @@ from logstore.file.manifest.codec import (
     encode_record,
     erased_entry,
     first_gap,
+    merged,
 )
 from logstore.file.manifest.snapshot import (
     MAGIC_V1,
@@ -138,6 +141,46 @@ def test_table_listing_equals_a_sorted_model_under_updates_erasures_and_new_ids(
                 rows, more = table.page(after, limit)
                 assert ([c for c, _, _ in rows], more) == _model_pages(model, after, limit)
                 assert all((model[c].created_at, model[c].last_appended_at) == (f, t) for c, f, t in rows)
+
+
+_IDS = ("conv-base-0001", "conv-base-0002", "conv-new-00001")
+_RECORDS = st.tuples(
+    st.sampled_from(_IDS),
+    st.one_of(
+        st.just(erased_entry()),
+        st.builds(
+            Entry,
+            st.sampled_from([-2, -1, 0, 5, 7]),  # equal created_at often: the commit's fast path
+            st.integers(0, 4),
+            st.integers(0, 4),
+            st.integers(0, 4),
+        ),
+    ),
+    st.booleans(),  # read a page after it (clears what the table marked stale)
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_RECORDS, max_size=25))
+def test_table_apply_is_merged_record_by_record_fast_path_included(steps):
+    """``ManifestTable.apply`` (its fast path for a commit's plain advance too) against ``codec.merged``:
+    the entry, the changed flag and the listing after every record, pages read in between."""
+    base = {"conv-base-0001": Entry(5, 2, 3, 2), "conv-base-0002": Entry(-1, -1, 0, 0)}
+    table = ManifestTable(decode_snapshot(encode_snapshot(base.items())))
+    model: dict[str, Entry] = dict(base)
+    for cid, record, page in steps:
+        current = model.get(cid)
+        new = merged(current, record)
+        assert table.apply(cid, record) is (new is not current)
+        if new is None:
+            model.pop(cid, None)
+        else:
+            model[cid] = new
+        assert table.get(cid) == new
+        if page:
+            assert dict(table.items()) == model
+            rows, more = table.page(None, 10)
+            assert ([c for c, _, _ in rows], more) == _model_pages(model, None, 10)
 
 
 def _merged_model(current: Entry | None, record: Entry) -> Entry | None:

@@ -221,7 +221,7 @@ class SiteJournal:
         the journal's size after it. ``sync``: durable when this returns, synced under the reader's lock
         (with any record written before the sync began). A failed write or sync drops the descriptor and
         marks the journal torn: the next append rolls to a new one."""
-        size, group = self._write(reader, data)
+        size, group = self.write(reader, data)
         if sync:
             try:
                 group.sync(group.wrote())
@@ -237,10 +237,12 @@ class SiteJournal:
         If the journal rolls or is compacted in between, the sync of the descriptor the record went to
         still makes it durable: it was proven in the journal before any seal, so it is in that journal or
         in the durable snapshot that folded it before deleting it (``journal.fold``)."""
-        size, group = self._write(reader, data)
+        size, group = self.write(reader, data)
         return size, Held(group, group.hold())
 
-    def _write(self, reader: Reader, data: bytes) -> tuple[int, SyncGroup]:
+    def write(self, reader: Reader, data: bytes) -> tuple[int, SyncGroup]:
+        """``append`` without a sync: (the journal's size after it, the descriptor's group). A commit
+        record calls it directly (a Python call less than ``append``)."""
         if self._group is not None and self._group.faulted:  # a sync outside the lock failed: as below
             self.faulted, self._torn = True, self._group.gen
             self.close()

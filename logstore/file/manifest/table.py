@@ -45,6 +45,19 @@ class ManifestTable:
 
     def apply(self, conversation_id: str, record: Entry) -> bool:
         """Apply one record by the merge rule (``codec.merged``); True if the state changed."""
+        # A commit's plain advance, the overlay's entry already marked stale: ``merged`` would return
+        # ``record`` itself (the same created_at, >= 0: neither an erasure nor a created_at to keep; a
+        # higher next_seq: newer) and ``_set`` would only store it. Four Python calls less per commit
+        # (figures: docs/PERFORMANCE.md; tests/test_manifest_table.py holds it to ``merged``).
+        current = self._over.get(conversation_id)
+        if (
+            current is not None
+            and record.next_seq > current.next_seq
+            and record.created_at == current.created_at >= 0
+            and conversation_id in self._stale
+        ):
+            self._over[conversation_id] = record
+            return True
         current = self.get(conversation_id)
         new = merged(current, record)
         if new is current:
