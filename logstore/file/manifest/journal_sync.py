@@ -78,13 +78,13 @@ class SyncGroup:
         self._written = 0  # records written through ``fd`` that asked for a sync (the last one's number)
         self._synced = 0  # every record numbered up to this is durable
         self._syncing = False  # a leader's fdatasync is in flight
-        self._fault: OSError | None = None
+        self.fault: OSError | None = None  # the first write or sync failure (read: ``faulted``)
         self._users = 0  # records held for a sync outside the manifest's lock (``hold``)
         self._retired = False  # the journal let go of ``fd``: the last user closes it
 
     @property
     def faulted(self) -> bool:
-        return self._fault is not None
+        return self.fault is not None
 
     def wrote(self) -> int:
         """A record that needs a sync was written and proven in the current journal (caller holds the
@@ -129,8 +129,8 @@ class SyncGroup:
     def fail(self, exc: OSError) -> None:
         """A write or sync through ``fd`` failed: no record not yet covered is ever taken for durable."""
         with self._cond:
-            if self._fault is None:
-                self._fault = exc
+            if self.fault is None:
+                self.fault = exc
             self._cond.notify_all()
 
     def sync(self, seq: int) -> None:
@@ -140,8 +140,8 @@ class SyncGroup:
             while True:
                 if self._synced >= seq:  # a sync covered it before any failure (durable stays durable)
                     return
-                if self._fault is not None:
-                    fault = self._fault
+                if self.fault is not None:
+                    fault = self.fault
                     raise OSError(fault.errno, f"an earlier sync of this journal failed: {fault.strerror}")
                 if not self._syncing:
                     break
@@ -152,8 +152,8 @@ class SyncGroup:
         except BaseException as exc:  # an interrupt: not synced, not faulted; the next waiter leads
             with self._cond:
                 self._syncing = False
-                if isinstance(exc, OSError) and self._fault is None:
-                    self._fault = exc
+                if isinstance(exc, OSError) and self.fault is None:
+                    self.fault = exc
                 self._cond.notify_all()
             raise
         with self._cond:
