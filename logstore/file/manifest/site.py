@@ -59,6 +59,13 @@ log = logging.getLogger("logstore")
 # in memory to a share of the snapshot (docs/PERFORMANCE.md, "Manifest compaction at scale").
 COMPACT_THRESHOLD = 4 * 1024 * 1024
 COMPACT_RATIO = 16
+
+
+def _due_past(snapshot_bytes: int) -> int:
+    """The rule above: kept per manifest as a number (``_compact_at``), set with the snapshot's size."""
+    return max(COMPACT_THRESHOLD, snapshot_bytes // COMPACT_RATIO)
+
+
 # Seconds ``close`` waits for creation records still being synced before it gives up its close mark.
 SETTLE_TIMEOUT = 30.0
 
@@ -89,7 +96,7 @@ class SiteManifest(SweepSide):
         self._unwritten: dict[str, Entry] = {}  # applied, but their journal write failed
         self._loaded = False
         self._damaged = False
-        self._snapshot_bytes = 0  # size of the snapshot the table is based on (the compaction threshold)
+        self._compact_at = _due_past(0)  # journal bytes past which a compaction is due (the snapshot's)
         self._fold = False  # a compaction is due whatever the journal's size (a roll, damage, an old format)
         self._reconciliation: Reconciliation | None = None
         self._compactor = Compactor(f"logstore-compact-{site}", self._compact_if_due)
@@ -118,7 +125,8 @@ class SiteManifest(SweepSide):
     def _load(self) -> None:
         """Memory from the newest snapshot and every journal at or after its generation."""
         found, state = self._journal.load(self)
-        self._table, self._sessions, self._snapshot_bytes = state.table, state.sessions, state.snapshot_bytes
+        self._table, self._sessions = state.table, state.sessions
+        self._compact_at = _due_past(state.snapshot_bytes)
         self._damaged, self._marked = state.damaged, state.marked
         self._no_manifest = not found.base and not found.live_journals
         if len(found.live_journals) > 1:  # a roll (or a compaction) not folded yet
@@ -145,7 +153,7 @@ class SiteManifest(SweepSide):
         back to what changed since the compaction. Records whose journal write failed are applied again."""
         for cid, entry in self._unwritten.items():
             state.table.apply(cid, entry)
-        self._table, self._snapshot_bytes = state.table, state.snapshot_bytes
+        self._table, self._compact_at = state.table, _due_past(state.snapshot_bytes)
 
     def replaced(self) -> None:
         """The manifest on disk is not the one we read: load it again. Records whose journal write failed
@@ -163,7 +171,7 @@ class SiteManifest(SweepSide):
             size = self._journal.append(self, data, sync=sync)
         except OSError as exc:
             raise self._io_error("write", exc) from exc
-        if size > COMPACT_THRESHOLD and size > self._snapshot_bytes // COMPACT_RATIO:  # _compact_at()
+        if size > self._compact_at:
             self._compactor.schedule()
 
     def _append_record(self, cid: str, entry: Entry, *, sync: bool = False) -> None:
@@ -177,7 +185,7 @@ class SiteManifest(SweepSide):
                 size = self._journal.write(self, encode_record(cid, entry))[0]
             except OSError as exc:
                 raise self._io_error("write", exc) from exc
-            if size > COMPACT_THRESHOLD and size > self._snapshot_bytes // COMPACT_RATIO:  # _compact_at()
+            if size > self._compact_at:
                 self._compactor.schedule()
         except Io as exc:
             self._unwritten[cid] = entry
@@ -216,7 +224,7 @@ class SiteManifest(SweepSide):
                     size, held = self._journal.append_held(self, encode_record(cid, entry))
                 except OSError as exc:
                     raise self._io_error("write", exc) from exc
-                if size > self._compact_at():
+                if size > self._compact_at:
                     self._compactor.schedule()
             try:
                 held.sync()
@@ -276,9 +284,6 @@ class SiteManifest(SweepSide):
         return ConversationListing(summaries, self._cursors.next_cursor(cursor, end, has_more=has_more))
 
     # ------------------------------------------------------------------ compaction
-    def _compact_at(self) -> int:
-        return max(COMPACT_THRESHOLD, self._snapshot_bytes // COMPACT_RATIO)
-
     def _fold_soon(self) -> None:
         """A compaction whatever the journal's size (a roll's torn journal, damage, an old format)."""
         self._fold = True
@@ -294,7 +299,7 @@ class SiteManifest(SweepSide):
                     self._journal.catch_up(self)
                 except OSError as exc:
                     raise self._io_error("refresh", exc) from exc
-                if self._journal.size() <= self._compact_at():
+                if self._journal.size() <= self._compact_at:
                     return False
         return self.compact()
 
