@@ -386,3 +386,50 @@ def test_a_forked_child_creates_conversations_after_its_parent_did(tmp_path):
             child.join()
         assert child.exitcode == 0
         assert [i.payload for i in store.replay(SITE, "conv-in-child", 0, 10)] == ITEMS
+
+
+class _Interrupting(FileOps):
+    """Raises ``KeyboardInterrupt`` at one step of a new log's creation, once armed."""
+
+    def __init__(self, step: str) -> None:
+        self.step, self.armed = step, False
+
+    def open(self, path: str, flags: int, mode: int = FILE_MODE) -> int:
+        if self.armed and self.step == "open" and path.endswith(".log") and flags & os.O_CREAT:
+            self.armed = False
+            raise KeyboardInterrupt
+        return super().open(path, flags, mode)
+
+    def file_id(self, fd: int):  # type: ignore[no-untyped-def]
+        if self.armed and self.step == "file_id" and os.readlink(f"/proc/self/fd/{fd}").endswith(".log"):
+            self.armed = False
+            raise KeyboardInterrupt
+        return super().file_id(fd)
+
+
+def _descriptors_of(name: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc/self/fd"):
+        try:
+            if name in os.readlink(f"/proc/self/fd/{entry}"):
+                found.append(int(entry))
+        except OSError:  # the listing's own descriptor, closed by now
+            pass
+    return found
+
+
+@pytest.mark.parametrize("step", ["open", "file_id"])
+def test_an_interrupt_while_the_log_is_created_leaves_no_descriptor_open(tmp_path, step):
+    """A KeyboardInterrupt at the log's creation propagates, the flock is released, the next append
+    creates the conversation, and once the store is closed no descriptor of it is left (the commit point's
+    descriptor of the lock file, opened just before, leaked on this path)."""
+    ops = _Interrupting(step)
+    cid = "conv-interrupted"
+    with Store(str(tmp_path / "data"), file_ops=ops) as store:
+        store.append("local", "warm-conversation", [{"n": 0}])
+        ops.armed = True
+        with pytest.raises(KeyboardInterrupt):
+            store.append("local", cid, [{"n": 1}])
+        assert not ops.armed  # the interrupt came from the step named
+        assert store.append("local", cid, [{"n": 2}]).first == 0
+    assert _descriptors_of(cid) == []

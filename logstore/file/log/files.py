@@ -354,22 +354,22 @@ class LogFiles:
             point = PointFile.open(self.ops, self.paths.lock)
         except OSError as exc:
             raise self.io_error("create", exc) from exc
+        fd = -1
         try:
             point.write_new(record)  # a whole header, mapped: the first commit bumps its counter
             fd = self.ops.open(self.paths.log, os.O_RDWR | os.O_CREAT | os.O_EXCL)
+            log_id = self.ops.file_id(fd)
         except FileExistsError:  # not under this lock: judge what is there like any log
             point.close()
             self.load_locked()
             return
-        except OSError as exc:
+        except BaseException as exc:  # an interrupt too: nothing owns them yet
+            if fd >= 0:
+                self.ops.close(fd)
             point.close()
-            raise self.io_error("create", exc) from exc
-        try:
-            log_id = self.ops.file_id(fd)
-        except OSError as exc:
-            self.ops.close(fd)
-            point.close()
-            raise self.io_error("create", exc) from exc
+            if isinstance(exc, OSError):
+                raise self.io_error("create", exc) from exc
+            raise
         with self._fd_readers.exclusive():
             self._generation += 1
             self._log_fd, self._log_id, self._point = fd, log_id, point
