@@ -32,7 +32,7 @@ from logstore.file.layout import conversation_paths
 from logstore.file.log.commit_point import invalidate
 from logstore.file.log.frame import PREFIX_SIZE
 from logstore.file.log.group_commit import ReaderGuard
-from logstore.file.manifest.site import SiteManifest
+from logstore.file.manifest.site_journal import SiteJournal
 from tests.faultfs import FaultFS, materialize
 
 SITE, CID = "site-a", "shared-conv-01"
@@ -222,15 +222,15 @@ def test_a_manifest_record_that_fails_after_the_commit_is_logged_and_the_next_st
     durable and acknowledged; the manifest no longer writes its clean close mark, so the next store
     reconciles the listing with the logs instead of trusting a journal that misses the commit."""
     data = str(tmp_path / "data")
-    real = SiteManifest._append_bytes
+    real = SiteJournal.write
     broken = threading.Event()
 
-    def append_bytes(self, data, *, sync=False):
-        if broken.is_set() and not sync:  # record_commit's record; record_created's and marks are synced
+    def write(self, reader, data):  # every journal write; while broken, only the commit's record comes
+        if broken.is_set():
             raise RuntimeError("manifest broke")
-        return real(self, data, sync=sync)
+        return real(self, reader, data)
 
-    monkeypatch.setattr(SiteManifest, "_append_bytes", append_bytes)
+    monkeypatch.setattr(SiteJournal, "write", write)
     with Store(data) as store:
         store.append(SITE, CID, [{"n": 0}])
         broken.set()
