@@ -78,13 +78,9 @@ class SyncGroup:
         self._written = 0  # records written through ``fd`` that asked for a sync (the last one's number)
         self._synced = 0  # every record numbered up to this is durable
         self._syncing = False  # a leader's fdatasync is in flight
-        self.fault: OSError | None = None  # the first write or sync failure (read: ``faulted``)
+        self.fault: OSError | None = None  # the first write or sync failure
         self._users = 0  # records held for a sync outside the manifest's lock (``hold``)
         self._retired = False  # the journal let go of ``fd``: the last user closes it
-
-    @property
-    def faulted(self) -> bool:
-        return self.fault is not None
 
     def wrote(self) -> int:
         """A record that needs a sync was written and proven in the current journal (caller holds the

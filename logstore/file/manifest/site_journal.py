@@ -243,7 +243,7 @@ class SiteJournal:
     def write(self, reader: Reader, data: bytes) -> tuple[int, SyncGroup]:
         """``append`` without a sync: (the journal's size after it, the descriptor's group). A commit
         record calls it directly (a Python call less than ``append``)."""
-        last = self._group  # ``fault``, not the ``faulted`` property: a Python call less per record
+        last = self._group
         if last is not None and last.fault is not None:  # a sync outside the lock failed: as below
             self.faulted, self._torn = True, last.gen
             self.close()

@@ -48,7 +48,7 @@ class ManifestTable:
         # A commit's plain advance, the overlay's entry already marked stale: ``merged`` would return
         # ``record`` itself (the same created_at, >= 0: neither an erasure nor a created_at to keep; a
         # higher next_seq: newer) and ``_set`` would only store it. Four Python calls less per commit
-        # (figures: docs/PERFORMANCE.md; tests/test_manifest_table.py holds it to ``merged``).
+        # (figures: docs/PERFORMANCE.md; tests/test_manifest_codec.py holds it to ``merged``).
         current = self._over.get(conversation_id)
         if (
             current is not None
